@@ -1,0 +1,31 @@
+# hvd_dssync: `make demo` runs the main job, `make test` runs the tests; both set up what is missing.
+VENV ?= $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.setup-done
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: setup demo test test-core bench simulate docs-check clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@bash scripts/demo.sh
+
+test: setup
+	$(PY) -m pytest tests
+
+test-core: setup
+	$(PY) -m pytest tests -m "not multirank"
+
+bench: setup
+	$(PY) -m hvd_dssync bench
+
+simulate: setup
+	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096
+
+docs-check: setup
+	$(PY) -m pytest tests/test_docs.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

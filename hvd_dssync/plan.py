@@ -1,0 +1,115 @@
+"""One training step's synchronization, decided the same way for every adapter.
+
+:class:`SyncPlan` joins a schedule and a policy: for step ``t`` it says what to do (bulk-synchronous
+gradient allreduce, group average, or global average), with which group, and which process sets must
+be registered first. It also checks, with one allgather of a fingerprint done by the adapter, that all
+ranks were configured alike.
+"""
+import hashlib
+import json
+from typing import NamedTuple
+
+import numpy as np
+
+from .policy import BSP, GLOBAL, GROUP, Policy
+from .schedules import make_schedule
+
+__all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "FINGERPRINT_FIELDS", "fingerprint",
+           "check_agreement"]
+
+
+class Action(NamedTuple):
+    kind: str      # BSP, GROUP or GLOBAL
+    group: tuple   # the ranks taking part (all ranks for BSP and GLOBAL)
+
+
+def ring_allreduce_bytes(group_size, nbytes):
+    """Bytes each rank sends in a ring allreduce of ``nbytes`` over ``group_size`` ranks."""
+    return 0 if group_size <= 1 else 2 * (group_size - 1) * nbytes // group_size
+
+
+class SyncPlan:
+    """The schedule and policy of one optimizer, seen from one rank.
+
+    Args:
+        rank, world_size: this rank and the number of ranks.
+        schedule: a name in ``SCHEDULE_NAMES`` or a schedule object (see :func:`make_schedule`).
+        num_groups, group_size, seed, topology, schedule_options: passed to :func:`make_schedule`.
+        warmup_steps, global_every: the :class:`Policy`.
+    """
+
+    def __init__(self, rank, world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0,
+                 topology=None, warmup_steps=0, global_every=0, schedule_options=None):
+        self.rank = rank
+        self.world_size = world_size
+        self.world = tuple(range(world_size))
+        self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every)
+        if world_size == 1:
+            num_groups, group_size = (1, None) if schedule == "shuffle" else (None, group_size)
+        self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
+                                      seed=seed, topology=topology, **(schedule_options or {}))
+        self._window = None
+
+    def action(self, step):
+        kind = self.policy.action(step)
+        if kind == GROUP:
+            return Action(GROUP, self.schedule.group_of(self.rank, step))
+        return Action(kind, self.world)
+
+    def window_change(self, step):
+        """``(acquire, release)`` group lists when ``step`` enters a new window, else ``None``.
+
+        Call once per step on every rank, before the step's communication; it remembers the window.
+        """
+        window = self.schedule.window_of(step)
+        if window == self._window:
+            return None
+        acquire = self.schedule.window_groups(window)
+        release = () if self._window is None else self.schedule.window_groups(self._window)
+        self._window = window
+        return acquire, release
+
+    def forget_window(self):
+        """The groups of the window in use, now released by the caller (e.g. at shutdown)."""
+        groups = () if self._window is None else self.schedule.window_groups(self._window)
+        self._window = None
+        return groups
+
+    def config(self):
+        return {"schedule": self.schedule.config(), "policy": self.policy.config()}
+
+
+FINGERPRINT_FIELDS = ("world size", "schedule", "policy", "parameters", "options")
+
+
+def _digest(value):
+    text = json.dumps(value, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:7], "little")
+
+
+def fingerprint(fields):
+    """An int64 vector, one hash per name in ``FINGERPRINT_FIELDS``, for an allgather across ranks."""
+    unknown = set(fields) - set(FINGERPRINT_FIELDS)
+    if unknown:
+        raise KeyError(f"unknown fingerprint fields {sorted(unknown)}")
+    return np.array([_digest(fields.get(name)) for name in FINGERPRINT_FIELDS], dtype=np.int64)
+
+
+def check_agreement(gathered, what="hvd_dssync"):
+    """Raise the same ``ValueError`` on every rank if the gathered fingerprints differ.
+
+    ``gathered`` is the ``(world_size, len(FINGERPRINT_FIELDS))`` array every rank got from the
+    allgather; the message names each differing field and the ranks that differ from rank 0.
+    """
+    gathered = np.asarray(gathered).reshape(-1, len(FINGERPRINT_FIELDS))
+    problems = []
+    for i, name in enumerate(FINGERPRINT_FIELDS):
+        differ = [int(r) for r in np.nonzero(gathered[:, i] != gathered[0, i])[0]]
+        if differ:
+            problems.append(f"{name} (ranks {differ} differ from rank 0)")
+    if problems:
+        raise ValueError(f"{what}: ranks disagree on the configuration: {'; '.join(problems)}. Every rank "
+                         "must build the optimizer with the same arguments and the same model.")
+
+
+__all__ += ["BSP", "GLOBAL", "GROUP"]

@@ -1,0 +1,113 @@
+"""The schedule's groups as Horovod process sets, for both adapters.
+
+``hvd.add_process_set`` and ``hvd.remove_process_set`` are collectives over all ranks and must run in the
+same order everywhere; every set a rank belongs to also negotiates on every Horovod cycle, so only the
+groups of the running window stay registered. The registry keeps one Horovod process set per distinct
+group with a reference count (two optimizers may share groups), registers in sorted order, and maps the
+group of all ranks to ``global_process_set``. Sets registered statically by ``hvd.init(process_sets=...)``
+are found and reused, never removed.
+
+It is framework-free: it is given the framework's Horovod module (``horovod.torch`` or
+``horovod.tensorflow``), whose process-set functions both come from ``horovod.common``.
+"""
+import os
+
+__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets"]
+
+DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
+
+_registries = {}
+
+
+def enable_dynamic_process_sets():
+    """Let a later plain ``hvd.init()`` add process sets: Horovod reads this variable at init."""
+    os.environ.setdefault(DYNAMIC_ENV, "1")
+
+
+def registry_for(hvd):
+    """The process's one registry for the Horovod module ``hvd``."""
+    key = hvd.__name__
+    if key not in _registries:
+        _registries[key] = ProcessSetRegistry(hvd)
+    return _registries[key]
+
+
+class ProcessSetRegistry:
+    """Reference-counted process sets, one per distinct group of ranks."""
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+        self._sets = {}
+        self._counts = {}
+        self._static = set()
+
+    def reset(self):
+        """Forget every set (after ``hvd.shutdown()`` or an elastic reset, which drop them all)."""
+        self._sets.clear()
+        self._counts.clear()
+        self._static.clear()
+
+    def _world(self):
+        return tuple(range(self.hvd.size()))
+
+    def _find_static(self):
+        from horovod.common import process_sets as common
+
+        found = {}
+        for set_id, ranks in common._basics._get_process_set_ids_and_ranks().items():
+            if set_id != 0:
+                ps = common._temp_process_set_object(set_id)
+                ps.ranks = list(ranks)
+                found[tuple(ranks)] = ps
+        return found
+
+    def acquire(self, groups):
+        """Register every group not yet registered, in sorted order (a collective: call on all ranks)."""
+        groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()})
+        missing = [g for g in groups if g not in self._sets]
+        if missing:
+            existing = self._find_static()
+            for g in missing:
+                if g in existing:
+                    self._sets[g] = existing[g]
+                    self._static.add(g)
+            missing = [g for g in missing if g not in self._sets]
+        for g in missing:
+            try:
+                self._sets[g] = self.hvd.add_process_set(list(g))
+            except ValueError as e:
+                if DYNAMIC_ENV not in str(e):
+                    raise
+                # Horovod refuses before communicating, so every rank raises this same error.
+                raise RuntimeError(
+                    f"hvd_dssync needs a process set for group {g}, but Horovod was initialized without "
+                    "dynamic process sets. Import hvd_dssync.torch (or hvd_dssync.keras) before hvd.init(), "
+                    f"or call hvd_dssync's init(), or set {DYNAMIC_ENV}=1 in the environment of every rank."
+                ) from None
+        for g in groups:
+            self._counts[g] = self._counts.get(g, 0) + 1
+
+    def release(self, groups):
+        """Drop one reference to each group; remove the sets nobody uses (a collective)."""
+        groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()})
+        for g in groups:
+            count = self._counts.get(g, 0) - 1
+            if count > 0:
+                self._counts[g] = count
+                continue
+            self._counts.pop(g, None)
+            if g not in self._static and g in self._sets:
+                self.hvd.remove_process_set(self._sets.pop(g))
+
+    def get(self, group):
+        """The process set of ``group`` (must be acquired; the whole world is the global set)."""
+        group = tuple(sorted(group))
+        if group == self._world():
+            return self.hvd.global_process_set
+        try:
+            return self._sets[group]
+        except KeyError:
+            raise KeyError(f"group {group} has no registered process set; acquire it first") from None
+
+    def live_groups(self):
+        return tuple(sorted(self._sets))

@@ -1,0 +1,23 @@
+"""DS-Sync for PyTorch: swap ``hvd.DistributedOptimizer`` for ``hvd_dssync.torch.DistributedOptimizer``.
+
+Importing this module before ``hvd.init()`` lets a plain ``hvd.init()`` add process sets later
+(it sets ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` unless the user set it).
+
+Example::
+
+    import horovod.torch as hvd
+    import hvd_dssync.torch as dss
+
+    hvd.init()
+    opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), num_groups=2, seed=0)
+    ...
+    dss.synchronize_models(model)
+"""
+from ..process_sets import enable_dynamic_process_sets
+
+enable_dynamic_process_sets()
+
+from .functions import consensus_distance, init, job_topology, synchronize_models  # noqa: E402
+from .optimizer import DistributedOptimizer  # noqa: E402
+
+__all__ = ["DistributedOptimizer", "synchronize_models", "consensus_distance", "job_topology", "init"]

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Idempotent set-up for hvd_dssync: system packages, a pinned virtual environment, and Horovod 0.28.1
+# built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17 and for process
+# sets that honour HOROVOD_GLOO_IFACE). The built wheel is cached outside the clone, keyed by versions.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HVD_DSSYNC_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.15.1
+CACHE="${HVD_DSSYNC_CACHE:-$HOME/.cache/hvd_dssync}"
+WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-patch2"
+STAMP="$VENV/.hvd_dssync-setup-$(sha1sum "$ROOT/requirements.txt" "$0" | sha1sum | cut -c1-12)"
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+if [ -f "$STAMP" ]; then
+    exit 0
+fi
+
+# --- system packages -------------------------------------------------------------------------
+need_apt=()
+for pkg in openmpi-bin libopenmpi-dev cmake g++ iproute2; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    log "installing Debian packages: ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# --- virtual environment ---------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating virtual environment $VENV"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+log "installing pinned Python packages"
+"${PIP[@]}" --upgrade "pip<25" "setuptools<70" wheel
+"${PIP[@]}" -r "$ROOT/requirements.txt"
+
+# --- Horovod ---------------------------------------------------------------------------------
+if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
+    wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)
+    if [ -z "$wheel" ]; then
+        log "building Horovod $HOROVOD_VERSION (once, about 8 minutes on 2 cores); cache: $WHEEL_DIR"
+        build=$(mktemp -d)
+        trap 'rm -rf "$build"' EXIT
+        "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
+        tar -xzf "$build"/horovod-$HOROVOD_VERSION.tar.gz -C "$build"
+        src="$build/horovod-$HOROVOD_VERSION"
+        # C++17 for the whole tree: torch >= 2.1 needs it, and gloo must match (horovod PR #3998).
+        sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+        sed -i 's/-std=c++11/-std=c++17/' "$src/third_party/gloo/CMakeLists.txt"
+        # Process sets must bind to the interface the global context uses (HOROVOD_GLOO_IFACE).
+        python3 "$ROOT/scripts/patch_horovod.py" "$src"
+        grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+        grep -q 'c++17' "$src/third_party/gloo/CMakeLists.txt"
+        (cd "$src" && HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+            HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+            "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$build/wheel" \
+            > "$build/build.log" 2>&1) || { tail -n 60 "$build/build.log"; log "Horovod build failed"; exit 1; }
+        mkdir -p "$WHEEL_DIR"
+        cp "$build"/wheel/horovod-*.whl "$WHEEL_DIR/"
+        wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n1)
+    fi
+    log "installing $(basename "$wheel")"
+    "${PIP[@]}" --no-deps --force-reinstall "$wheel"
+    "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
+fi
+
+"${PIP[@]}" --no-deps -e "$ROOT"
+
+# --- check -----------------------------------------------------------------------------------
+caps=$("$VENV/bin/horovodrun" -cb)
+for want in "PyTorch" "TensorFlow" "MPI" "Gloo"; do
+    if ! grep -q "\[X\] $want" <<<"$caps"; then
+        echo "$caps"
+        log "Horovod lacks $want support: delete $WHEEL_DIR and run again"
+        exit 1
+    fi
+done
+touch "$STAMP"
+log "ready: $VENV"
