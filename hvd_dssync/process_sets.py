@@ -25,8 +25,12 @@ def enable_dynamic_process_sets():
 
 
 def registry_for(hvd):
-    """The process's one registry for the Horovod module ``hvd``."""
-    key = hvd.__name__
+    """The process's one registry for the Horovod module ``hvd``.
+
+    Horovod's process-set functions live in ``horovod.common`` for every framework, so ``horovod.torch``,
+    ``horovod.tensorflow`` and ``horovod.tensorflow.keras`` share one registry, as they share the sets.
+    """
+    key = getattr(hvd.add_process_set, "__module__", hvd.__name__)
     if key not in _registries:
         _registries[key] = ProcessSetRegistry(hvd)
     return _registries[key]

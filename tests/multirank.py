@@ -1,0 +1,105 @@
+"""Launch real multi-process Horovod jobs from pytest, with a timeout and every rank's output on failure.
+
+Two launchers, named in test ids:
+- ``gloo``: ``horovodrun -np N -H localhost:N --gloo`` (Horovod's rendezvous, Gloo controller and ops);
+- ``mpi``: ``mpirun -np N`` with Horovod's MPI controller and MPI operations.
+
+Ranks outnumber the 2 cores of CI, so MPI runs with settings that do not busy-wait (Open MPI yields
+when idle) and single-threaded math libraries.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+LAUNCHERS = ("gloo", "mpi")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = os.path.join(ROOT, "tests", "workers")
+
+# Settings for more ranks than cores; the README's FAQ says why each matters.
+QUIET_ENV = {
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "HOROVOD_GLOO_IFACE": "lo",
+    "OMP_NUM_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+def command(launcher, np, argv):
+    """The launch command line for ``argv`` (a Python script and its arguments) on ``np`` ranks."""
+    bin_dir = os.path.dirname(sys.executable)
+    if launcher == "gloo":
+        return [os.path.join(bin_dir, "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+                "--gloo-timeout-seconds", "60", sys.executable, *argv]
+    if launcher == "mpi":
+        mpirun = shutil.which("mpirun")
+        return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np),
+                "-x", "HOROVOD_CONTROLLER=mpi", "-x", "HOROVOD_CPU_OPERATIONS=mpi",
+                *[a for k in QUIET_ENV for a in ("-x", k)], "-x", "PATH", "-x", "PYTHONPATH",
+                "-x", "HVD_DSSYNC_TEST_LAUNCHER",
+                sys.executable, *argv]
+    raise ValueError(f"unknown launcher {launcher!r}; use one of {LAUNCHERS}")
+
+
+def job_env(launcher, extra=None):
+    env = dict(os.environ)
+    env.update(QUIET_ENV)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["HVD_DSSYNC_TEST_LAUNCHER"] = launcher
+    if launcher == "mpi":
+        env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi")
+    env.update(extra or {})
+    return env
+
+
+def run(launcher, np, script, *args, timeout=240, env=None, expect_failure=False):
+    """Run ``tests/workers/<script>`` on ``np`` ranks; return its combined output.
+
+    Fails the test (with all ranks' output) on a non-zero exit, or on a hang past ``timeout`` seconds,
+    after killing the whole process group. With ``expect_failure`` a zero exit fails instead.
+    """
+    path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+    cmd = command(launcher, np, [path, *map(str, args)])
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(launcher, env), cwd=ROOT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise JobFailed(f"{launcher} job {script} on {np} ranks hung past {timeout}s; output:\n{output}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    elapsed = time.monotonic() - started
+    if expect_failure:
+        if proc.returncode == 0:
+            raise JobFailed(f"{launcher} job {script} on {np} ranks should have failed; output:\n{output}")
+    elif proc.returncode != 0:
+        raise JobFailed(f"{launcher} job {script} on {np} ranks exited {proc.returncode} after "
+                        f"{elapsed:.1f}s; output:\n{output}")
+    return output
+
+
+def matrix(sizes=(2, 3, 4)):
+    """Parameters for ``@pytest.mark.parametrize("launcher,np", matrix())`` with readable ids."""
+    return [pytest.param(launcher, np, id=f"{launcher}-np{np}") for launcher in LAUNCHERS for np in sizes]

@@ -1,0 +1,199 @@
+"""One rank of the PyTorch semantics job: group means, schedule agreement, sync, drop-in, policies.
+
+Every check raises on failure, so a failing rank exits non-zero and fails the launch. Unnamed Horovod ops
+are interleaved with the DS-Sync steps throughout, as a user script would have them.
+"""
+import argparse
+
+import horovod.torch as hvd
+import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
+import torch
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(f"rank {RANK}: {message}")
+
+
+def user_unnamed_ops():
+    """What a user script does between steps; hangs if DS-Sync's op sequence differed between ranks."""
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
+    check(total.item() == SIZE, f"unnamed allreduce gave {total.item()}")
+    gathered = hvd.allgather(torch.tensor([RANK]))
+    check(gathered.tolist() == list(range(SIZE)), f"unnamed allgather gave {gathered.tolist()}")
+
+
+def rank_valued_model(with_batchnorm=False):
+    layers = [torch.nn.Linear(3, 2)]
+    if with_batchnorm:
+        layers.append(torch.nn.BatchNorm1d(2))
+    model = torch.nn.Sequential(*layers)
+    with torch.no_grad():
+        for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]:
+            t.fill_(float(RANK))
+    return model
+
+
+def one_backward(model):
+    model.zero_grad()
+    model(torch.randn(4, 3)).sum().backward()
+
+
+def expected_values(schedule, steps, overlap=False):
+    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0."""
+    values = [float(r) for r in range(SIZE)]
+    history = []
+    for t in range(steps):
+        if not overlap or t > 0:
+            step = t - 1 if overlap else t
+            new = values[:]
+            for group in schedule.groups(step):
+                mean = sum(values[r] for r in group) / len(group)
+                for r in group:
+                    new[r] = mean
+            values = new
+        history.append(values[:])
+    return history
+
+
+def check_group_means(schedule_name, overlap=False, **kwargs):
+    model = rank_valued_model(with_batchnorm=True)
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(), model=model,
+                                   schedule=schedule_name, seed=7, overlap=overlap, **kwargs)
+    steps = 9
+    history = expected_values(opt.schedule, steps, overlap)
+    for t in range(steps):
+        model.train()
+        one_backward(model)
+        opt.step()
+        user_unnamed_ops()
+        want = history[t][RANK]
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if tensor.is_floating_point():
+                got = tensor.detach().reshape(-1)
+                check(torch.allclose(got, torch.full_like(got, want), atol=1e-6),
+                      f"{schedule_name} step {t}: {name} holds {got.tolist()}, want the group mean {want}")
+    check(opt.sync_step == steps, f"sync_step {opt.sync_step} != {steps}")
+    # Every rank reports the same groups.
+    mine = [opt.schedule.groups(t) for t in range(12)]
+    everyone = hvd.allgather_object(mine, name=f"test.groups.{schedule_name}")
+    check(all(g == mine for g in everyone), f"ranks disagree on schedule.groups: {everyone}")
+    if SIZE >= 3 and schedule_name == "shuffle":
+        check(len(set(mine)) > 1, f"the shuffle never changed its groups: {mine}")
+    return model, opt
+
+
+def check_synchronize_models():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    torch.manual_seed(RANK)
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), model=model,
+                                   num_groups=max(1, SIZE // 2), seed=1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(6, 5)).pow(2).mean().backward()
+        opt.step()
+        user_unnamed_ops()
+    before = dss.consensus_distance(model)
+    everyone = hvd.allgather_object(before, name="test.distance.before")
+    check(len(set(everyone)) == 1, f"consensus_distance differs between ranks: {everyone}")
+    if SIZE > 1:
+        check(before > 0, f"models trained on different data should differ, distance {before}")
+    dss.synchronize_models(model)
+    flat = torch.cat([t.detach().reshape(-1) for t in model.state_dict().values() if t.is_floating_point()])
+    rows = hvd.allgather(flat.unsqueeze(0), name="test.sync.weights")
+    check(all(torch.equal(rows[0], rows[r]) for r in range(SIZE)), "weights differ after synchronize_models")
+    after = dss.consensus_distance(model)
+    check(after == 0.0, f"consensus_distance after synchronize_models is {after}, want 0")
+
+
+def check_drop_in():
+    model = torch.nn.Linear(4, 2)
+    base = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.none, backward_passes_per_step=2,
+                                   op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
+                                   sparse_as_dense=False, process_set=hvd.global_process_set,
+                                   num_groups=1, seed=3)
+    check(isinstance(opt, torch.optim.SGD), "the optimizer is no longer an SGD")
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    check(opt.sync_step == 0, f"broadcast_optimizer_state advanced the schedule to {opt.sync_step}")
+    for _ in range(2):
+        for _ in range(2):
+            model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+    check(abs(opt.param_groups[0]["lr"] - 0.125) < 1e-12, f"StepLR left lr {opt.param_groups[0]['lr']}")
+    state = opt.state_dict()
+    other = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
+                                     named_parameters=model.named_parameters(), num_groups=1, seed=3)
+    other.load_state_dict(state)
+    check(other.sync_step == 2, f"load_state_dict restored sync_step {other.sync_step}, want 2")
+    check(other.param_groups[0]["lr"] == opt.param_groups[0]["lr"], "load_state_dict lost the lr")
+    fp16 = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                    named_parameters=model.named_parameters(),
+                                    compression=hvd.Compression.fp16, num_groups=1)
+    model(torch.randn(3, 4)).sum().backward()
+    fp16.step()
+    check(dss.consensus_distance(model) < 1e-2, "fp16-compressed global average left the models apart")
+
+
+def check_policies():
+    model = rank_valued_model()
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(), num_groups=SIZE, seed=0,
+                                   global_every=3)
+    mean = (SIZE - 1) / 2
+    for t in range(3):
+        one_backward(model)
+        opt.step()
+        user_unnamed_ops()
+        value = model.weight.detach().reshape(-1)[0].item()
+        want = mean if t == 2 else float(RANK)  # singleton groups leave values alone until step 3
+        check(abs(value - want) < 1e-6, f"global_every=3 step {t}: value {value}, want {want}")
+    torch.manual_seed(100 + RANK)
+    model = torch.nn.Linear(3, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), num_groups=SIZE, seed=0,
+                                   warmup_steps=3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        opt.step()
+        user_unnamed_ops()
+    distance = dss.consensus_distance(model)
+    check(distance < 1e-6, f"bulk-synchronous warm-up let the models drift apart: {distance}")
+    check(opt.last_sync["kind"] == "bsp", f"warm-up step recorded as {opt.last_sync}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    num_groups = 2 if SIZE > 1 else 1
+    check_group_means("shuffle", num_groups=num_groups)
+    check_group_means("shuffle", num_groups=num_groups, schedule_options={"window_steps": 2})
+    check_group_means("butterfly")
+    if not args.quick:
+        check_group_means("shuffle", overlap=True, num_groups=num_groups)
+        check_group_means("topology", topology=[[r for r in range(SIZE) if r < (SIZE + 1) // 2],
+                                                [r for r in range(SIZE) if r >= (SIZE + 1) // 2]],
+                          schedule_options={"intra_steps": 1, "rotate_every": 2})
+        check_synchronize_models()
+        check_drop_in()
+        check_policies()
+    user_unnamed_ops()
+    print(f"rank {RANK}: all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
