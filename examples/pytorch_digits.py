@@ -88,7 +88,7 @@ def main():
         if show:
             from tqdm import tqdm
             bar = tqdm(total=steps_per_epoch, desc=f"{args.optimizer} epoch {epoch + 1}/{args.epochs}",
-                       leave=False, ncols=90)
+                       leave=False, ncols=90, mininterval=0.5)
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()

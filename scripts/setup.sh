@@ -37,10 +37,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     log "creating virtual environment $VENV"
     "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+pip_install() {
+    # pip's warnings about this machine's extra package locations are noise; real errors still show.
+    local out
+    if ! out=$("$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1); then
+        printf '%s\n' "$out" >&2
+        return 1
+    fi
+    printf '%s\n' "$out" | grep -v -e "is ignored: it is neither" -e '^$' || true
+}
 log "installing pinned Python packages"
-"${PIP[@]}" --upgrade "pip<25" "setuptools<70" wheel
-"${PIP[@]}" -r "$ROOT/requirements.txt"
+pip_install --upgrade "pip<25" "setuptools<70" wheel
+pip_install -r "$ROOT/requirements.txt"
 
 # --- Horovod ---------------------------------------------------------------------------------
 if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
@@ -68,14 +76,14 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
         wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n1)
     fi
     log "installing $(basename "$wheel")"
-    "${PIP[@]}" --no-deps --force-reinstall "$wheel"
-    "${PIP[@]}" cloudpickle psutil pyyaml packaging cffi
+    pip_install --no-deps --force-reinstall "$wheel"
+    pip_install cloudpickle psutil pyyaml packaging cffi
 fi
 
-"${PIP[@]}" --no-deps -e "$ROOT"
+pip_install --no-deps -e "$ROOT"
 
 # --- check -----------------------------------------------------------------------------------
-caps=$("$VENV/bin/horovodrun" -cb)
+caps=$("$VENV/bin/horovodrun" -cb 2>/dev/null)
 for want in "PyTorch" "TensorFlow" "MPI" "Gloo"; do
     if ! grep -q "\[X\] $want" <<<"$caps"; then
         echo "$caps"
