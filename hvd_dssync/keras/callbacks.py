@@ -1,0 +1,60 @@
+"""Keras callbacks for DS-Sync: the consensus model at the end, and the consensus distance in the logs.
+
+Put them before callbacks that read the logs or save the model (TensorBoard, ModelCheckpoint), so those
+see the distance and the synchronized weights.
+"""
+import tensorflow as tf
+
+from .functions import consensus_distance, synchronize_models
+
+__all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback"]
+
+
+class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
+    """Average the models exactly over all ranks at the end of training (and, optionally, of each epoch).
+
+    Afterwards every rank holds the same consensus model, so a model saved from any rank is the same.
+
+    Args:
+        every_epoch: also synchronize at the end of every epoch (before later callbacks save it).
+        root_rank: the rank whose bits every rank copies after the average.
+        non_trainable: average non-trainable float variables (BatchNorm statistics) too.
+
+    Example::
+
+        model.fit(x, y, callbacks=[dss.callbacks.SynchronizeModelsCallback(every_epoch=True),
+                                   tf.keras.callbacks.ModelCheckpoint("model.keras")])
+    """
+
+    def __init__(self, every_epoch=False, root_rank=0, non_trainable=True):
+        super().__init__()
+        self.every_epoch = every_epoch
+        self.root_rank = root_rank
+        self.non_trainable = non_trainable
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.every_epoch:
+            synchronize_models(self.model, self.root_rank, self.non_trainable)
+
+    def on_train_end(self, logs=None):
+        synchronize_models(self.model, self.root_rank, self.non_trainable)
+
+
+class ConsensusDistanceCallback(tf.keras.callbacks.Callback):
+    """Report the consensus distance (see :func:`consensus_distance`) as ``logs["consensus_distance"]``.
+
+    Measured at each epoch's end, so it appears in the progress bar, in ``History`` and in TensorBoard
+    (put this callback before ``TensorBoard`` and before a ``SynchronizeModelsCallback(every_epoch=True)``).
+
+    Example::
+
+        model.fit(x, y, callbacks=[dss.callbacks.ConsensusDistanceCallback()])
+    """
+
+    def __init__(self, key="consensus_distance"):
+        super().__init__()
+        self.key = key
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs[self.key] = consensus_distance(self.model)

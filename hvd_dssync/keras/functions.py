@@ -1,0 +1,110 @@
+"""Whole-model helpers for Keras/TF2: exact global average, consensus distance, loading, topology.
+
+These run eagerly (from callbacks or between steps) and are collectives: call them on every rank.
+"""
+import math
+import socket
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ..topology import Topology
+
+__all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology"]
+
+
+def _model_variables(model, non_trainable=True):
+    if isinstance(model, tf.keras.Model):
+        variables = list(model.trainable_variables)
+        if non_trainable:
+            variables += [v for v in model.non_trainable_variables if v.dtype.is_floating]
+        return variables
+    return [v for v in model if v.dtype.is_floating]
+
+
+def synchronize_models(model, root_rank=0, non_trainable=True):
+    """Replace every rank's model by the exact global average; all ranks end bit-identical.
+
+    ``model`` is a Keras model or a list of variables. The average is one grouped allreduce over all
+    ranks; a broadcast from ``root_rank`` then removes the last-bit differences an allreduce may leave.
+
+    Example::
+
+        dss.synchronize_models(model)
+        if hvd.rank() == 0:
+            model.save("model.keras")
+    """
+    variables = _model_variables(model, non_trainable)
+    if hvd.size() == 1 or not variables:
+        return
+    averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
+                                     name="DSSync_synchronize_models")
+    for v, a in zip(variables, averaged):
+        v.assign(a)
+    hvd.broadcast_variables(variables, root_rank=root_rank)
+
+
+def consensus_distance(model, non_trainable=False):
+    """RMS distance of the ranks' weights from their global mean: 0 when all models agree.
+
+    ``sqrt(sum_ranks ||x_r - mean||^2 / (size * numel))``, computed in float64; the same float on
+    every rank (the per-rank terms are allgathered and summed in rank order everywhere).
+
+    Example::
+
+        print(f"consensus distance {dss.consensus_distance(model):.2e}")
+    """
+    variables = _model_variables(model, non_trainable)
+    if hvd.size() == 1 or not variables:
+        return 0.0
+    flat = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], axis=0)
+    mean = hvd.allreduce(flat, op=hvd.Average, name="DSSync_consensus_mean")
+    squared = tf.reshape(tf.reduce_sum(tf.square(flat - mean)), [1])
+    per_rank = hvd.allgather(squared, name="DSSync_consensus_sum").numpy()
+    return math.sqrt(math.fsum(per_rank.tolist()) / (hvd.size() * int(flat.shape[0])))
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compile=True, **options):
+    """Load a saved Keras model with its optimizer wrapped by DS-Sync, as ``hvd.load_model`` does.
+
+    ``options`` are :func:`DistributedOptimizer`'s arguments (``num_groups=``, ``seed=`` ...). The
+    optimizer's ``iterations`` come back from the file, and with them the DS-Sync step: the schedule
+    continues where it stopped. Works with h5, SavedModel and ``.keras`` files.
+
+    Example::
+
+        model = dss.load_model("model.h5", num_groups=2, seed=0)
+    """
+    from .optimizer import DistributedOptimizer
+
+    def wrap(cls):
+        class Wrapped(cls):
+            @classmethod
+            def from_config(klass, config, custom_objects=None):
+                return DistributedOptimizer(cls.from_config(config), **options)
+
+        Wrapped.__name__ = cls.__name__
+        return Wrapped
+
+    classes = list(tf.keras.optimizers.Optimizer.__subclasses__())
+    classes += tf.keras.optimizers.legacy.Optimizer.__subclasses__()
+    objects = {}
+    for cls in classes + list(custom_optimizers or []):
+        objects[cls.__name__] = objects[cls.__name__.lower()] = wrap(cls)
+    objects.update(custom_objects or {})
+    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+
+
+def job_topology(spec=None):
+    """The job's :class:`Topology`: each rank's host by an allgather of hostnames, racks from ``spec``.
+
+    As ``hvd_dssync.torch.job_topology``; a collective.
+    """
+    if isinstance(spec, Topology):
+        if spec.world_size != hvd.size():
+            raise ValueError(f"Arg ``topology`` names {spec.world_size} ranks, but the job has {hvd.size()}.")
+        return spec
+    hosts = hvd.allgather_object(socket.gethostname(), name="DSSync_hostnames")
+    return Topology.from_env(hosts) if spec is None else Topology.parse(spec, hosts)
+
+

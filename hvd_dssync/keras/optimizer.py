@@ -1,0 +1,193 @@
+"""DS-Sync ``DistributedOptimizer`` for Keras: Horovod's signature, DS-Sync's step.
+
+One training step, in :meth:`apply_gradients`, in order: in a bulk-synchronous warm-up step the
+gradients are first averaged over all ranks (Horovod's step); the wrapped optimizer applies them, which
+counts the step in ``iterations``; then the model (trainable variables and floating-point
+non-trainable ones such as BatchNorm statistics) is averaged inside the group the schedule gives this
+rank for the step. The group is chosen in the graph from the step tensor (see :mod:`.sync`), so one
+traced ``train_function`` follows the schedule step after step.
+"""
+import sys
+import weakref
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ..plan import check_agreement, fingerprint
+from .sync import StepSync, make_plan
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DSSyncOptimizer:
+    """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
+
+    def _dssync_setup(self, sync, model, average_non_trainable, options):
+        self._dssync = sync
+        # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
+        self._dssync_model = None if model is None else weakref.ref(model)
+        self._dssync_average_non_trainable = average_non_trainable
+        self._dssync_local_vars = set()
+        self._dssync_check_ranks_agree(model, options)
+
+    @property
+    def schedule(self):
+        """The schedule: ``schedule.groups(step)`` is identical on every rank."""
+        return self._dssync.plan.schedule
+
+    @property
+    def policy(self):
+        return self._dssync.plan.policy
+
+    @property
+    def sync_step(self):
+        """The DS-Sync step: the number of applied steps, which is the optimizer's ``iterations``."""
+        return int(self.iterations.numpy())
+
+    def register_local_var(self, var):
+        """Keep ``var`` local to this rank: never averaged, its gradient never allreduced (as Horovod)."""
+        self._dssync_local_vars.add(var.ref())
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if not grads_and_vars:
+            return super(self.__class__, self).apply_gradients(grads_and_vars, *args, **kwargs)
+        grads, variables = (list(x) for x in zip(*grads_and_vars))
+        step = tf.identity(self.iterations)
+        shared = [i for i, v in enumerate(variables) if v.ref() not in self._dssync_local_vars]
+        reduced = self._dssync.gradients([grads[i] for i in shared], step)
+        for i, g in zip(shared, reduced):
+            grads[i] = g
+        iteration = super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+        self._dssync.average(self._dssync_averaged(variables), step)
+        return iteration
+
+    def _dssync_averaged(self, variables):
+        """The variables averaged each step: the trained ones, plus the model's float non-trainables."""
+        averaged = [v for v in variables if v.ref() not in self._dssync_local_vars]
+        model = self._dssync_model() if self._dssync_model is not None else _calling_model(self)
+        if model is not None and self._dssync_average_non_trainable:
+            seen = {v.ref() for v in averaged} | self._dssync_local_vars
+            averaged += [v for v in model.non_trainable_variables
+                         if v.dtype.is_floating and v.ref() not in seen]
+        return averaged
+
+    def _dssync_check_ranks_agree(self, model, options):
+        shapes = None
+        if model is not None and model.built:
+            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
+        mine = fingerprint({
+            "world size": hvd.size(),
+            "schedule": self._dssync.plan.schedule.config(),
+            "policy": self._dssync.plan.policy.config(),
+            "parameters": shapes,
+            "options": options,
+        })
+        gathered = hvd.allgather(tf.constant(mine[None, :]), name="DSSync_fingerprint")
+        check_agreement(gathered.numpy(), what="hvd_dssync.keras.DistributedOptimizer")
+
+
+def _calling_model(optimizer):
+    """The Keras model whose ``train_step`` is tracing this optimizer's step, if any.
+
+    ``model.fit`` hands the optimizer only the trainable variables; the model's other variables
+    (BatchNorm statistics) are found here, once, at trace time.
+    """
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, tf.keras.Model):
+            owner = getattr(candidate, "optimizer", None)
+            if owner is optimizer or getattr(owner, "inner_optimizer", None) is optimizer:
+                return candidate
+        frame = frame.f_back
+    return None
+
+
+def _is_keras_optimizer(optimizer):
+    return isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer))
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=hvd.Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                         op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                         groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
+                         num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
+                         warmup_steps=0, global_every=0, model=None, average_non_trainable=True,
+                         schedule_options=None):
+    """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
+
+    Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: it takes the same arguments and
+    returns an optimizer of the same class, built from ``optimizer.get_config()`` as Horovod does, so
+    ``model.compile``, learning-rate schedules, Horovod's callbacks and saved models keep working
+    (a saved model loads without hvd_dssync as the plain optimizer). Each rank applies its own
+    gradient, then averages its model inside the group its schedule gives it for this step; the group
+    is chosen in the graph, so it changes step by step inside one traced ``model.fit``.
+
+    Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
+    tensors; ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
+    ``device_dense`` apply to the warm-up's gradient allreduce; ``name`` names the Horovod ops.
+    ``device_sparse``, ``groups``, ``average_aggregated_gradients`` and ``scale_local_gradients`` have
+    nothing to act on and are accepted for compatibility. ``op=hvd.Adasum``, a ``process_set`` other
+    than the global one and ``backward_passes_per_step`` above 1 are rejected. Horovod's deprecated
+    ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
+
+    Args (keyword-only, DS-Sync's own):
+        num_groups: groups per step (schedule "shuffle"); give this or ``group_size``.
+        group_size: the largest group size ("shuffle"), or the butterfly's group size.
+        seed: integer seed shared by all ranks; the same seed gives the PyTorch adapter's groups.
+        schedule: "shuffle", "butterfly", or a schedule object with ``groups(step)``.
+        topology: racks, for a schedule object built on them.
+        warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
+        global_every: average over all ranks every this many steps (0: never).
+        model: the Keras model; found automatically when training with ``model.fit``.
+        average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
+        schedule_options: extra arguments for the named schedule. Shuffle defaults to
+            ``window_steps=None`` here: its partitions never change (see docs/keras.md).
+
+    Example::
+
+        import horovod.tensorflow.keras as hvd
+        import hvd_dssync.keras as dss
+
+        hvd.init()
+        opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()), num_groups=2, seed=0)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   dss.callbacks.SynchronizeModelsCallback()])
+    """
+    if not _is_keras_optimizer(optimizer):
+        raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
+    if op == hvd.Adasum:
+        raise ValueError("Arg ``op=hvd.Adasum`` has no meaning under DS-Sync, which averages models "
+                         "within groups; use op=hvd.Average.")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"Arg ``op`` must be hvd.Average or hvd.Sum (for the warm-up's gradients), got {op!r}.")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("Arg ``gradient_predivide_factor`` is only supported with op=hvd.Average.")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
+                         f"{backward_passes_per_step!r}.")
+    if backward_passes_per_step > 1:
+        raise ValueError("Arg ``backward_passes_per_step`` above 1 is not supported by hvd_dssync.keras yet; "
+                         "use a larger batch instead.")
+    if process_set is not hvd.global_process_set and process_set.process_set_id != 0:
+        raise ValueError("Arg ``process_set``: hvd_dssync runs DS-Sync over all ranks; a process_set "
+                         "other than hvd.global_process_set is not supported.")
+    if model is not None and not isinstance(model, tf.keras.Model):
+        raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
+    plan = make_plan(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                     topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                     schedule_options=schedule_options)
+    op_name = name or f"DSSync{type(optimizer).__name__}"
+    sync = StepSync(plan, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                    sparse_as_dense=sparse_as_dense, device_dense=device_dense, name=op_name)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped._dssync_setup(sync, model, average_non_trainable,
+                          [str(op), gradient_predivide_factor, sparse_as_dense, average_non_trainable,
+                           type(optimizer).__name__])
+    return wrapped

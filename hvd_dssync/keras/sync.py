@@ -1,0 +1,213 @@
+"""One DS-Sync step inside a TensorFlow graph, shared by the Keras optimizer and the custom-loop averager.
+
+Horovod fixes an op's process set when a ``tf.function`` is traced, so the group cannot be picked in
+Python at trace time. Instead the schedule's groups are registered as process sets once, up front; the
+traced graph holds one branch per distinct group of this rank, and ``tf.switch_case`` picks the branch
+from the step tensor at run time. The branch of every step comes from a table filled by
+:meth:`SyncPlan.action` in Python, so the graph and the PyTorch adapter follow the same schedule and
+policy code.
+"""
+import math
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from ..plan import BSP, GLOBAL, SyncPlan
+from ..process_sets import registry_for
+
+__all__ = ["StepSync", "ModelAverager", "make_plan"]
+
+# Branches of the step's switch: no model averaging (a bulk-synchronous step, or a group of one),
+# the average over all ranks, then one branch per distinct group of this rank.
+_KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
+
+
+def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
+              global_every=0, schedule_options=None):
+    """The :class:`SyncPlan` of this rank; the Keras adapter defaults Shuffle to one endless window.
+
+    The pool of process sets a traced graph can use is fixed when it is traced, so Shuffle's windows
+    (new partitions every ``window_steps`` steps) are off unless ``schedule_options`` asks for them:
+    ``groups(t)`` then equals the PyTorch adapter's for the first window (200 steps by default).
+    """
+    options = dict(schedule_options or {})
+    if schedule == "shuffle":
+        options.setdefault("window_steps", None)
+    if topology is not None or schedule == "topology":
+        from .functions import job_topology
+        topology = job_topology(topology)
+    plan = SyncPlan(hvd.rank(), hvd.size(), schedule=schedule, num_groups=num_groups, group_size=group_size,
+                    seed=seed, topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                    schedule_options=options)
+    if plan.schedule.window_steps is not None:
+        raise ValueError(
+            f"hvd_dssync.keras: schedule {plan.schedule!r} changes its groups every "
+            f"{plan.schedule.window_steps} steps (window_steps), but a traced graph keeps the process sets "
+            "it was traced with. Use a schedule with one endless window (e.g. "
+            "schedule_options={'window_steps': None} for 'shuffle', or 'butterfly').")
+    return plan
+
+
+class StepSync:
+    """This rank's DS-Sync communication for a step given as a tensor; used inside ``tf.function``.
+
+    Constructing it registers the schedule's process sets (a collective: build it on every rank, in
+    the same order). :meth:`gradients` averages gradients over all ranks in bulk-synchronous steps;
+    :meth:`average` averages variables inside the step's group (or over all ranks).
+    """
+
+    def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
+                 sparse_as_dense=False, device_dense="", name="DSSync"):
+        self.plan = plan
+        self.compression = compression
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.device_dense = device_dense
+        self.name = name
+        self._registry = registry_for(hvd)
+        self._groups = ()
+        if plan.world_size > 1:
+            acquire, _ = plan.window_change(0)
+            self._registry.acquire(acquire)
+            self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
+                                         if plan.rank in g and len(g) > 1}))
+        self._table = self._branch_table()
+
+    def _branch_of(self, step):
+        action = self.plan.action(step)
+        if action.kind == BSP or len(action.group) == 1:
+            return _KEEP
+        if action.kind == GLOBAL or len(action.group) == self.plan.world_size:
+            return _GLOBAL
+        return _FIRST_GROUP + self._groups.index(action.group)
+
+    def _branch_table(self):
+        """Branches for the steps after warm-up, one period long: the policy and cycle repeat after it."""
+        policy, schedule = self.plan.policy, self.plan.schedule
+        cycle = len(schedule.partitions(0))
+        period = cycle if not policy.global_every else math.lcm(cycle, policy.global_every)
+        start = policy.warmup_steps
+        return np.array([self._branch_of(start + i) for i in range(period)], dtype=np.int32)
+
+    def branch(self, step):
+        """The switch branch of ``step`` (an integer tensor), computed in the graph."""
+        step = tf.cast(step, tf.int64)
+        warmup = self.plan.policy.warmup_steps
+        offset = tf.math.floormod(tf.maximum(step - warmup, 0), len(self._table))
+        branch = tf.gather(tf.constant(self._table), offset)
+        if warmup:
+            branch = tf.where(step < warmup, tf.constant(_KEEP, tf.int32), branch)
+        return branch
+
+    def gradients(self, grads, step):
+        """``grads`` averaged over all ranks in a bulk-synchronous (warm-up) step, else unchanged.
+
+        ``None`` entries stay ``None``; sparse gradients need ``sparse_as_dense`` during the warm-up.
+        """
+        if self.plan.policy.warmup_steps == 0 or self.plan.world_size == 1:
+            return list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = []
+        for i in present:
+            g = grads[i]
+            if isinstance(g, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
+                g = tf.convert_to_tensor(g)
+            dense.append(g)
+        if not dense:
+            return list(grads)
+        prescale = postscale = 1.0
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+
+        def allreduce():
+            return hvd.grouped_allreduce(dense, op=self.op, compression=self.compression,
+                                         prescale_factor=prescale, postscale_factor=postscale,
+                                         device_dense=self.device_dense, ignore_name_scope=True,
+                                         name=f"{self.name}_bsp")
+
+        reduced = tf.cond(tf.cast(step, tf.int64) < self.plan.policy.warmup_steps, allreduce,
+                          lambda: [tf.identity(g) for g in dense])
+        out = list(grads)
+        for i, g in zip(present, reduced):
+            out[i] = g
+        return out
+
+    def average(self, variables, step):
+        """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
+        variables = list(variables)
+        if self.plan.world_size == 1 or not variables or not self._table.any():
+            return tf.no_op()
+        values = [tf.identity(v) for v in variables]
+        branches = [lambda: [tf.identity(v) for v in values],
+                    lambda: self._allreduce(values, hvd.global_process_set, "global")]
+        for group in self._groups:
+            branches.append(lambda g=group: self._allreduce(values, self._registry.get(g), "group"))
+        averaged = tf.switch_case(self.branch(step), branches, name=f"{self.name}_switch")
+        return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
+
+    def _allreduce(self, values, process_set, kind):
+        return hvd.grouped_allreduce(values, op=hvd.Average, compression=self.compression,
+                                     process_set=process_set, device_dense=self.device_dense,
+                                     ignore_name_scope=True,
+                                     name=f"{self.name}_{kind}_{process_set.process_set_id}")
+
+
+class ModelAverager(tf.Module):
+    """DS-Sync for TF2 custom loops: average variables inside the step's group, in or out of ``tf.function``.
+
+    For users of ``hvd.DistributedGradientTape``: keep a plain ``tf.GradientTape`` (each rank steps on
+    its own gradient), apply the gradients, then call the averager on the model's variables. It keeps
+    its own step counter (saved with ``tf.train.Checkpoint``), so the groups change from call to call
+    inside one traced function. In warm-up steps (``warmup_steps``) call :meth:`gradients` before
+    applying them, as with Horovod's tape; outside the warm-up it returns them unchanged.
+
+    Args (keyword-only): as :func:`hvd_dssync.keras.DistributedOptimizer`'s DS-Sync arguments, plus
+        ``compression`` for the averaged tensors and ``name`` for the Horovod ops (unique per averager).
+
+    Example::
+
+        averager = dss.ModelAverager(num_groups=2, seed=0)
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = averager.gradients(tape.gradient(loss, model.trainable_variables))
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            averager(model.variables)
+            return loss
+    """
+
+    def __init__(self, *, num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
+                 warmup_steps=0, global_every=0, schedule_options=None, compression=hvd.Compression.none,
+                 name="DSSyncAverager"):
+        super().__init__(name=name)
+        plan = make_plan(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                         schedule_options=schedule_options)
+        self._sync = StepSync(plan, compression=compression, name=name)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+
+    @property
+    def schedule(self):
+        return self._sync.plan.schedule
+
+    @property
+    def policy(self):
+        return self._sync.plan.policy
+
+    def gradients(self, grads):
+        """The gradients averaged over all ranks in a warm-up step, else unchanged."""
+        return self._sync.gradients(list(grads), self.step)
+
+    def __call__(self, variables):
+        """Average the floating-point ``variables`` inside this step's group, then count the step."""
+        variables = [v for v in variables if v.dtype.is_floating]
+        step = self.step.read_value()
+        with tf.control_dependencies([self._sync.average(variables, step)]):
+            return self.step.assign_add(1)

@@ -1,0 +1,198 @@
+"""One rank of the Keras semantics job: group means inside one traced ``fit``, policies, callbacks,
+the custom-loop averager, Horovod's own callbacks, and the drop-in contract.
+
+Every check raises on failure, so a failing rank exits non-zero and fails the launch.
+"""
+import argparse
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
+import numpy as np
+import tensorflow as tf
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(f"rank {RANK}: {message}")
+
+
+def user_unnamed_ops():
+    """What a user script does between steps; hangs if DS-Sync's op sequence differed between ranks."""
+    total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+    check(float(total[0]) == SIZE, f"unnamed allreduce gave {total}")
+
+
+def expected_values(plan, steps):
+    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0."""
+    values = [float(r) for r in range(SIZE)]
+    history = []
+    for t in range(steps):
+        action = plan.action(t)
+        if action.kind != "bsp":
+            groups = [tuple(range(SIZE))] if action.kind == "global" else plan.schedule.groups(t)
+            new = values[:]
+            for group in groups:
+                mean = sum(values[r] for r in group) / len(group)
+                for r in group:
+                    new[r] = mean
+            values = new
+        history.append(values[:])
+    return history
+
+
+def rank_valued_model():
+    # momentum=1.0 keeps the BatchNorm statistics where we put them, though it runs in training mode.
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2),
+                                 tf.keras.layers.BatchNormalization(momentum=1.0)])
+    for v in model.variables:
+        v.assign(tf.fill(v.shape, float(RANK)))
+    return model
+
+
+class CheckEachStep(tf.keras.callbacks.Callback):
+    def __init__(self, history, what, non_trainable=True):
+        super().__init__()
+        self.history, self.what, self.non_trainable, self.step = history, what, non_trainable, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        want = self.history[self.step][RANK]
+        for v in self.model.variables:
+            if not v.trainable and not self.non_trainable:
+                check(np.all(v.numpy() == RANK), f"{self.what}: local {v.name} was averaged: {v.numpy()}")
+                continue
+            got = v.numpy().reshape(-1)
+            check(np.allclose(got, want, atol=1e-5),
+                  f"{self.what} step {self.step}: {v.name} holds {got.tolist()}, want the group mean {want}")
+        self.step += 1
+
+
+def check_group_means_in_fit(what, steps=8, non_trainable=True, **kwargs):
+    model = rank_valued_model()
+    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), seed=7, average_non_trainable=non_trainable,
+                                   **kwargs)
+    model.compile(optimizer=opt, loss="mse")
+    history = expected_values(opt._dssync.plan, steps)
+    x = np.random.default_rng(RANK).normal(size=(4 * steps, 3)).astype(np.float32)
+    y = np.zeros((4 * steps, 2), np.float32)
+    checker = CheckEachStep(history, what, non_trainable)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[checker])
+    check(checker.step == steps, f"{what}: {checker.step} steps checked, want {steps}")
+    check(not model.run_eagerly, "fit ran eagerly")
+    # Keras traces twice on the first call (the second after creating the optimizer's variables).
+    traces = model.train_function.experimental_get_tracing_count()
+    check(traces <= 2, f"{what}: train_function traced {traces} times in {steps} steps")
+    check(opt.sync_step == steps, f"{what}: sync_step {opt.sync_step} != {steps}")
+    distinct = {tuple(history[t]) for t in range(steps)}
+    return opt, distinct
+
+
+def check_custom_loop():
+    """ModelAverager inside one tf.function: the group changes from call to call."""
+    averager = dss.ModelAverager(num_groups=SIZE, global_every=2, seed=3, name="TestAverager")
+    variables = [tf.Variable(tf.fill([3], float(RANK))), tf.Variable(float(RANK))]
+    history = expected_values(averager._sync.plan, 4)
+
+    @tf.function
+    def step():
+        averager(variables)
+
+    for t in range(4):
+        step()
+        for v in variables:
+            check(np.allclose(v.numpy(), history[t][RANK]), f"averager step {t}: {v.numpy()} != {history[t][RANK]}")
+    check(step.experimental_get_tracing_count() == 1, "the averager's step was traced more than once")
+    check(int(averager.step.numpy()) == 4, f"averager step counter {averager.step.numpy()}")
+    grads = averager.gradients([tf.constant(float(RANK))])
+    check(float(grads[0]) == RANK, "gradients changed outside the warm-up")
+    warm = dss.ModelAverager(num_groups=SIZE, warmup_steps=1, name="TestWarmup")
+    grads = tf.function(warm.gradients)([tf.constant(float(RANK)), None])
+    check(abs(float(grads[0]) - (SIZE - 1) / 2) < 1e-6 and grads[1] is None, f"warm-up gradients {grads}")
+
+
+def check_training_with_callbacks():
+    """Real training with Horovod's callbacks and ours: consensus at the end, the distance in the logs."""
+    rng = np.random.default_rng(RANK)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    y = (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+    tf.keras.utils.set_random_seed(RANK)  # different initial weights: the broadcast must fix them
+    model = tf.keras.Sequential([tf.keras.Input(shape=(5,)), tf.keras.layers.Dense(8, activation="relu"),
+                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(1)])
+    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), num_groups=min(2, SIZE),
+                                   seed=1)
+    model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.05, warmup_epochs=1, steps_per_epoch=8,
+                                                          momentum_correction=False),
+                 dss.callbacks.ConsensusDistanceCallback(), dss.callbacks.SynchronizeModelsCallback()]
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+    distances = history.history["consensus_distance"]
+    everyone = hvd_tf.allgather_object(distances, name="test.distances")
+    check(all(d == distances for d in everyone), f"consensus distances differ between ranks: {everyone}")
+    if SIZE > 1:
+        check(distances[-1] > 0, f"models trained on different data should differ: {distances}")
+    flat = np.concatenate([v.numpy().reshape(-1) for v in model.variables])
+    rows = hvd_tf.allgather_object(flat, name="test.weights")
+    check(all(np.array_equal(rows[0], r) for r in rows), "weights differ after SynchronizeModelsCallback")
+    check(dss.consensus_distance(model, non_trainable=True) == 0.0, "consensus distance after sync is not 0")
+    maes = hvd_tf.allgather_object(history.history["mae"], name="test.mae")
+    check(all(m == maes[0] for m in maes), f"MetricAverageCallback left different metrics: {maes}")
+
+
+def check_drop_in():
+    base = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5), momentum=0.9)
+    opt = dss.DistributedOptimizer(base, "DropIn", "", "", hvd.Compression.none, False, 1.0, hvd.Average, 1,
+                                   False, None, hvd.global_process_set, True, num_groups=1, seed=3)
+    check(isinstance(opt, tf.keras.optimizers.SGD), "the optimizer is no longer an SGD")
+    check(type(opt).__name__ == "SGD", f"class name {type(opt).__name__}")
+    check(opt.get_config() == base.get_config(), "get_config differs from the wrapped optimizer's")
+    legacy = dss.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(0.01), num_groups=min(2, SIZE))
+    check(isinstance(legacy, tf.keras.optimizers.legacy.Adam), "the legacy optimizer lost its class")
+    for kwargs, error in [({"op": hvd_tf.Adasum}, "Adasum"), ({"backward_passes_per_step": 0}, "positive"),
+                          ({"num_groups": SIZE + 1}, "num_groups"), ({"group_size": 2, "num_groups": 1}, "exactly one"),
+                          ({"schedule_options": {"window_steps": 10}}, "window_steps"),
+                          ({"warmup_steps": -1}, "warmup_steps")]:
+        try:
+            dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **{"num_groups": 1, **kwargs})
+        except ValueError as e:
+            check(error in str(e), f"{kwargs}: message {e} does not name {error}")
+        else:
+            raise AssertionError(f"rank {RANK}: {kwargs} was accepted")
+    try:
+        dss.DistributedOptimizer(object(), num_groups=1)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError(f"rank {RANK}: a non-optimizer was accepted")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    num_groups = 2 if SIZE > 1 else 1
+    opt, _ = check_group_means_in_fit("shuffle", num_groups=num_groups)
+    schedules = [opt.schedule.groups(t) for t in range(8)]
+    if SIZE >= 3:
+        check(len(set(schedules)) > 1, f"the shuffle never changed its groups: {schedules}")
+    user_unnamed_ops()
+    # Singleton groups, then the global average every third step: the values change even on 2 ranks.
+    _, distinct = check_group_means_in_fit("global_every", num_groups=SIZE, global_every=3)
+    if SIZE > 1:
+        check(len(distinct) > 1, "global_every=3 never changed the values")
+    check_group_means_in_fit("warm-up", num_groups=num_groups, warmup_steps=2, global_every=2)
+    check_group_means_in_fit("butterfly", schedule="butterfly")
+    check_group_means_in_fit("local statistics", num_groups=1, non_trainable=False)
+    if not args.quick:
+        check_custom_loop()
+        check_training_with_callbacks()
+        check_drop_in()
+    user_unnamed_ops()
+    print(f"rank {RANK}: all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
