@@ -1,12 +1,45 @@
 """The PyTorch adapter in real multi-rank jobs, under both launchers and several world sizes."""
+import json
+
 import pytest
 
-from multirank import matrix, run
+from multirank import LAUNCHERS, ROOT, matrix, run
 
 pytestmark = pytest.mark.multirank
 
 
 @pytest.mark.parametrize("launcher,np", matrix())
 def test_semantics(launcher, np):
+    """Group means step by step, schedule agreement, sync, drop-in arguments, policies, unnamed ops."""
     output = run(launcher, np, "torch_semantics.py")
     assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_init_from_mpi4py_communicator(np):
+    output = run("mpi", np, "torch_semantics.py", "--init", "mpi4py", "--quick")
+    assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_static_process_sets_from_dss_init(launcher):
+    output = run(launcher, 4, "torch_semantics.py", "--init", "static")
+    assert output.count("all checks passed") == 4, output
+
+
+def _train(launcher, optimizer, seed, tmp_path):
+    out = tmp_path / f"{launcher}-{optimizer}-{seed}.json"
+    run(launcher, 4, f"{ROOT}/examples/pytorch_digits.py", "--optimizer", optimizer, "--epochs", 15,
+        "--seed", seed, "--quiet", "--json", out, timeout=300)
+    return json.loads(out.read_text())["final_accuracy"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_digits_accuracy_matches_horovod(launcher, tmp_path):
+    """4 ranks, same epochs and hyper-parameters: DS-Sync within 1 point of hvd.DistributedOptimizer."""
+    seeds = (0, 1)
+    dssync = sum(_train(launcher, "dssync", s, tmp_path) for s in seeds) / len(seeds)
+    horovod = sum(_train(launcher, "horovod", s, tmp_path) for s in seeds) / len(seeds)
+    assert dssync >= horovod - 0.01, f"DS-Sync {dssync:.4f} vs Horovod {horovod:.4f} (mean over seeds {seeds})"
+    assert dssync > 0.9, f"DS-Sync reached only {dssync:.4f} test accuracy"
