@@ -386,23 +386,19 @@ class UserSchedule(Schedule):
                 cycle.append(canonical_partition(first))
             cached = tuple(cycle)
             if self.window_steps is None:
-                self._check_period(cached)
+                cached = cached[:self._period(cached)]
             self._cache = {window: cached}
         return cached
 
-    def _check_period(self, cycle):
-        # An endless window must repeat: groups(t) for t beyond the scan is taken from the scanned cycle.
-        for period in range(1, len(cycle) + 1):
+    @staticmethod
+    def _period(cycle):
+        # An endless window must repeat: groups(t) beyond the scan is taken from one period of the scan, so
+        # the period must be seen at least twice in it, and wrapping must use the period, not the scan.
+        for period in range(1, len(cycle) // 2 + 1):
             if all(cycle[i] == cycle[i % period] for i in range(len(cycle))):
-                return
-        raise ValueError("a user schedule without ``window_steps`` must repeat with a period of at most 64 "
-                         "steps; give it a ``window_steps`` attribute otherwise.")
-
-    def groups(self, step):
-        step = _check_int("step", step, 0)
-        if self.window_steps is None:
-            return self.partitions(0)[step % self._scan]
-        return super().groups(step)
+                return period
+        raise ValueError(f"a user schedule without ``window_steps`` must repeat with a period of at most "
+                         f"{len(cycle) // 2} steps; give it a ``window_steps`` attribute otherwise.")
 
     def config(self):
         return {"name": "user", "world_size": self.world_size, "type": type(self.user).__qualname__,
