@@ -3,6 +3,7 @@
 These run eagerly (from callbacks or between steps) and are collectives: call them on every rank.
 """
 import math
+import os
 import socket
 
 import horovod.tensorflow as hvd
@@ -77,22 +78,31 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compile=Tr
     """
     from .optimizer import DistributedOptimizer
 
-    def wrap(cls):
-        class Wrapped(cls):
-            @classmethod
-            def from_config(klass, config, custom_objects=None):
-                return DistributedOptimizer(cls.from_config(config), **options)
+    # Keras 2 has a legacy and a new optimizer of each name; the saved config says which it was.
+    new = {cls.__name__: cls for cls in tf.keras.optimizers.Optimizer.__subclasses__()}
+    legacy = {cls.__name__: cls for cls in tf.keras.optimizers.legacy.Optimizer.__subclasses__()}
+    new.update({cls.__name__: cls for cls in custom_optimizers or []})
 
-        Wrapped.__name__ = cls.__name__
-        return Wrapped
+    def wrap(name):
+        def from_config(klass, config, custom_objects=None):
+            chosen = legacy if config.get("is_legacy_optimizer") and name in legacy else new
+            base = chosen.get(name) or legacy[name]
+            return DistributedOptimizer(base.from_config(config), **options)
 
-    classes = list(tf.keras.optimizers.Optimizer.__subclasses__())
-    classes += tf.keras.optimizers.legacy.Optimizer.__subclasses__()
+        base = new.get(name) or legacy[name]
+        return type(name, (base,), {"from_config": classmethod(from_config)})
+
     objects = {}
-    for cls in classes + list(custom_optimizers or []):
-        objects[cls.__name__] = objects[cls.__name__.lower()] = wrap(cls)
+    for name in set(new) | set(legacy):
+        objects[name] = objects[name.lower()] = wrap(name)
     objects.update(custom_objects or {})
-    return tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    model = tf.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    variables = os.path.join(str(filepath), "variables", "variables")
+    if compile and model.optimizer is not None and os.path.exists(variables + ".index"):
+        # Keras 2 loads a SavedModel's weights but not its optimizer's state (iterations, slots); the
+        # checkpoint inside holds them under the model's "optimizer" (slots restore once built).
+        tf.train.Checkpoint(optimizer=model.optimizer).restore(variables).expect_partial()
+    return model
 
 
 def job_topology(spec=None):

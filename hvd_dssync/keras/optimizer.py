@@ -185,7 +185,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     op_name = name or f"DSSync{type(optimizer).__name__}"
     sync = StepSync(plan, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                     sparse_as_dense=sparse_as_dense, device_dense=device_dense, name=op_name)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
+    methods = {k: v for k, v in _DSSyncOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    # The wrapped class's module and name, so a saved model names the plain optimizer (as Horovod's).
+    methods["__module__"] = optimizer.__class__.__module__
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._dssync_setup(sync, model, average_non_trainable,
                           [str(op), gradient_predivide_factor, sparse_as_dense, average_non_trainable,
