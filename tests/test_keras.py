@@ -1,0 +1,34 @@
+"""The Keras adapter in real multi-rank jobs, under both launchers and several world sizes."""
+import json
+import os
+
+import pytest
+
+from multirank import ROOT, matrix, run
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("launcher,np", matrix())
+def test_semantics(launcher, np):
+    """Exact group means step by step inside one traced fit; policies; callbacks; custom loop; drop-in."""
+    output = run(launcher, np, "keras_semantics.py", timeout=420)
+    assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher,np", matrix())
+def test_saving(launcher, np):
+    """h5, SavedModel and .keras round-trips; the loaded optimizer continues the schedule."""
+    output = run(launcher, np, "keras_saving.py", timeout=300)
+    assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher,np", matrix())
+def test_digits_matches_horovod(launcher, np, tmp_path):
+    """The example's comparison: DS-Sync within 1 percentage point of Horovod's Keras optimizer."""
+    result = tmp_path / "digits.json"
+    run(launcher, np, os.path.join(ROOT, "examples", "keras_digits.py"), "--quiet", "--json", result,
+        timeout=420)
+    accuracy = {name: r["final_accuracy"] for name, r in json.loads(result.read_text()).items()}
+    assert accuracy["horovod"] > 0.9, accuracy
+    assert accuracy["dssync"] >= accuracy["horovod"] - 0.01, accuracy
