@@ -11,6 +11,7 @@ rank belongs to costs time on every Horovod cycle.
 """
 import abc
 import math
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -149,8 +150,10 @@ class Shuffle(Schedule):
     """Seeded random partitions into ``num_groups`` groups whose sizes differ by at most one.
 
     Each window of ``window_steps`` steps draws ``partitions_per_window`` random partitions from a
-    generator seeded by ``(seed, window)`` and cycles through them; draws whose groups together leave
-    some ranks unconnected are redrawn, so every window mixes all ranks. Few partitions per window keep few
+    generator seeded by ``(seed, window)`` and cycles through them. Where the draw leaves some ranks
+    unconnected, ranks are swapped between groups of the last partition until the window's groups
+    connect every rank, so every window mixes all ranks (a warning says when the sizes make that
+    impossible). Few partitions per window keep few
     process sets live per rank (each costs time on every Horovod cycle); fresh windows keep the shuffle
     exploring. ``window_steps=None`` draws once and cycles forever (static process sets are possible).
 
@@ -177,18 +180,23 @@ class Shuffle(Schedule):
         self.partitions_per_window = _check_int("partitions_per_window", partitions_per_window, 1)
         self.window_steps = None if window_steps is None else _check_int("window_steps", window_steps, 1)
         self._cache = OrderedDict()
+        # A window's groups add at most (N - num_groups) links per partition; N - 1 are needed.
+        links = self.partitions_per_window * (self.world_size - self.num_groups)
+        self._can_connect = self.num_groups > 1 and links >= self.world_size - 1
+        if self.num_groups > 1 and not self._can_connect:
+            warnings.warn(f"Shuffle({self.world_size}, num_groups={self.num_groups}, partitions_per_window="
+                          f"{self.partitions_per_window}) cannot connect all ranks within a window; ranks mix "
+                          "only across windows. Use fewer groups or more partitions per window.")
 
     def partitions(self, window):
         cached = self._cache.get(window)
         if cached is None:
             rng = np.random.Generator(np.random.PCG64([self.seed, window]))
-            for _ in range(64):
-                cached = tuple(
-                    canonical_partition(np.array_split(rng.permutation(self.world_size), self.num_groups))
-                    for _ in range(self.partitions_per_window)
-                )
-                if self.partitions_per_window == 1 or self.num_groups == self.world_size or _connects(cached):
-                    break
+            drawn = [[list(g) for g in np.array_split(rng.permutation(self.world_size), self.num_groups)]
+                     for _ in range(self.partitions_per_window)]
+            if self._can_connect:
+                _connect_by_swaps(drawn)
+            cached = tuple(canonical_partition(p) for p in drawn)
             self._cache[window] = cached
             if len(self._cache) > 8:
                 self._cache.popitem(last=False)
@@ -200,8 +208,8 @@ class Shuffle(Schedule):
                 "window_steps": self.window_steps}
 
 
-def _connects(partitions):
-    """Whether the union of the partitions' groups joins every rank to every other (union-find)."""
+def _components(partitions):
+    """Component label of each rank in the union of the partitions' groups (union-find)."""
     parent = list(range(sum(len(g) for g in partitions[0])))
 
     def root(r):
@@ -214,7 +222,37 @@ def _connects(partitions):
         for group in partition:
             for r in group[1:]:
                 parent[root(r)] = root(group[0])
-    return len({root(r) for r in range(len(parent))}) == 1
+    return [root(r) for r in range(len(parent))]
+
+
+def _connects(partitions):
+    """Whether the union of the partitions' groups joins every rank to every other."""
+    return len(set(_components(partitions))) == 1
+
+
+def _connect_by_swaps(partitions):
+    """Swap ranks between groups of the last partition until the window connects all ranks.
+
+    Swapping rank x (component C, group A) with rank y (component D, group B), both groups of two or
+    more, joins C and D: A's other members now meet y, B's meet x, and nothing is cut off. Group sizes
+    are kept, and each swap removes a component, so this ends after fewer than N swaps. Deterministic.
+    """
+    last = partitions[-1]
+    for _ in range(sum(len(g) for g in last)):
+        label = _components(partitions)
+        if len(set(label)) == 1:
+            return
+        movable = [(i, g) for i, g in enumerate(last) if len(g) > 1]
+        for a, group_a in movable:
+            x = group_a[0]
+            swap = next(((b, j) for b, group_b in movable if b != a
+                         for j, y in enumerate(group_b) if label[y] != label[x]), None)
+            if swap is not None:
+                b, j = swap
+                last[a][0], last[b][j] = last[b][j], x
+                break
+        else:
+            return
 
 
 def _mixed_radix(world_size, group_size):
