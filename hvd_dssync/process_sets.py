@@ -7,6 +7,10 @@ group with a reference count (two optimizers may share groups), registers in sor
 group of all ranks to ``global_process_set``. Sets registered statically by ``hvd.init(process_sets=...)``
 are found and reused, never removed.
 
+A re-initialized Horovod (an elastic reset: ``shutdown()`` then ``init()`` in a new world) has dropped
+every dynamic set; :meth:`ProcessSetRegistry.refresh` notices it without communicating and forgets them,
+and its ``generation`` tells each user of the registry that its groups must be acquired again.
+
 It is framework-free: it is given the framework's Horovod module (``horovod.torch`` or
 ``horovod.tensorflow``), whose process-set functions both come from ``horovod.common``.
 """
@@ -44,12 +48,34 @@ class ProcessSetRegistry:
         self._sets = {}
         self._counts = {}
         self._static = set()
+        self._identity = None
+        self.generation = 0
 
     def reset(self):
         """Forget every set (after ``hvd.shutdown()`` or an elastic reset, which drop them all)."""
         self._sets.clear()
         self._counts.clear()
         self._static.clear()
+        self._identity = None
+        self.generation += 1
+
+    def refresh(self):
+        """Forget every set if Horovod was re-initialized since; return ``generation``. No communication.
+
+        Horovod was re-initialized when this rank's rank or the world size changed, or when a registered
+        set is no longer in Horovod's table with the same ranks (``shutdown()`` drops them all).
+        """
+        identity = (self.hvd.size(), self.hvd.rank())
+        stale = self._identity is not None and identity != self._identity
+        if not stale and self._sets:
+            from horovod.common import process_sets as common
+
+            table = common._basics._get_process_set_ids_and_ranks()
+            stale = any(table.get(ps.process_set_id) != list(g) for g, ps in self._sets.items())
+        if stale:
+            self.reset()
+        self._identity = identity
+        return self.generation
 
     def _world(self):
         return tuple(range(self.hvd.size()))

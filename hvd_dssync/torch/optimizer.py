@@ -4,18 +4,24 @@ One training step, in order: the wrapped optimizer steps on this rank's own grad
 (parameters and floating-point buffers) is averaged inside this step's group with one grouped allreduce
 on the group's Horovod process set; the step is counted. During a bulk-synchronous warm-up the step is
 Horovod's instead: gradients are averaged over all ranks first, and no model averaging follows.
+
+Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world, the next ``step()``
+notices it (this rank, the world size or the registered process sets changed), rebuilds the schedule for
+the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
 import contextlib
+import os
 import sys
 import time
 import warnings
 import weakref
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..plan import BSP, GLOBAL, SyncPlan, check_agreement, fingerprint, ring_allreduce_bytes
+from ..plan import BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, check_agreement, fingerprint, ring_allreduce_bytes
 from ..process_sets import registry_for
 
 __all__ = ["DistributedOptimizer"]
@@ -49,7 +55,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, plan, model, average_buffers, overlap):
+                 gradient_predivide_factor, groups, sparse_as_dense, plan, plan_arguments, model,
+                 average_buffers, overlap):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         self._compression = compression
@@ -58,9 +65,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._gradient_predivide_factor = gradient_predivide_factor
         self._fusion_groups = groups
         self._sparse_as_dense = sparse_as_dense
+        self._plan_arguments = plan_arguments
         self._plan = plan
         self._overlap = overlap
         self._registry = registry_for(hvd)
+        self._generation = self._registry.refresh()
+        self._world_identity = (hvd.size(), hvd.rank())
         self._synchronized = False
         self._skip_synchronize = False
         self._pending = None
@@ -69,7 +79,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         buffers = [] if model is None or not average_buffers else [
             (f"buffer.{name}", b) for name, b in model.named_buffers() if b.is_floating_point()]
         self._averaged = [(name, p) for name, p in named_parameters] + buffers
-        self._check_ranks_agree()
+        # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
+        # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
+        self._world_check_pending = os.environ.get("HOROVOD_ELASTIC") == "1"
+        if not self._world_check_pending:
+            self._check_ranks_agree()
         _live_optimizers.add(self)
 
     # --- what users see ---------------------------------------------------------------------
@@ -88,6 +102,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             # hvd.broadcast_optimizer_state fills empty state with a zero-gradient step on every
             # rank; it is no training step, so it neither averages nor advances the schedule.
             return super(self.__class__, self).step(closure)
+        if self._world_check_pending or self._world_changed():
+            self._join_world()
         action = self._plan.action(self.sync_step)
         if action.kind == BSP:
             if not self._skip_synchronize:
@@ -137,6 +153,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
         if self._pending is None:
             return
+        if self._world_changed():
+            # Horovod was re-initialized (elastic reset): the averaging died with the old world, and
+            # the model keeps this rank's own update.
+            self._pending = None
+            return
         handle, sent, received, action, started, nbytes = self._pending
         self._pending = None
         hvd.synchronize(handle)
@@ -148,21 +169,53 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         self.finish_pending()
         state = super(self.__class__, self).state_dict()
-        state["dssync"] = {"sync_step": self.sync_step, "config": self._plan.config()}
+        state["dssync"] = {"sync_step": self.sync_step, "config": self._plan.config(),
+                           "arguments": _portable(self._plan_arguments)}
         return state
 
     def load_state_dict(self, state_dict):
+        """Load a state saved by ``state_dict()``, DS-Sync's step included.
+
+        A state saved in a world of the same size must have the same schedule configuration; one saved
+        in a world of another size (elastic Horovod, or a job restarted on more or fewer ranks) must have
+        been built with the same arguments, and the schedule is that of the current world.
+        """
         state_dict = dict(state_dict)
         saved = state_dict.pop("dssync", None)
         if saved is not None:
-            if saved["config"] != self._plan.config():
+            same_world = saved["config"]["schedule"].get("world_size") == self._plan.world_size
+            if same_world and saved["config"] != self._plan.config():
                 raise ValueError(f"the checkpoint's DS-Sync configuration {saved['config']} differs from "
                                  f"this optimizer's {self._plan.config()}; resume with the same arguments.")
+            mine = _portable(self._plan_arguments)
+            if not same_world and saved.get("arguments") != mine:
+                raise ValueError(f"the checkpoint's DS-Sync arguments {saved.get('arguments')} differ from "
+                                 f"this optimizer's {mine}; resume with the same arguments.")
             self.finish_pending()
             self.sync_step = int(saved["sync_step"])
         super(self.__class__, self).load_state_dict(state_dict)
 
     # --- the mechanics ----------------------------------------------------------------------
+
+    def _world_changed(self):
+        """Whether Horovod was re-initialized since this optimizer last looked; no communication."""
+        return (self._registry.refresh() != self._generation
+                or self._world_identity != (hvd.size(), hvd.rank()))
+
+    def _join_world(self):
+        """Take up the current world: every rank of it calls this at the same step (a collective).
+
+        The schedule is rebuilt for the new world size, the agreement check runs again, and every rank
+        continues from rank 0's step: the rank whose model and optimizer state ``hvd.elastic.TorchState``
+        broadcast to the newcomers.
+        """
+        self._pending = None
+        self._generation = self._registry.refresh()
+        self._world_identity = (hvd.size(), hvd.rank())
+        self._world_check_pending = False
+        arguments = _for_world(self._plan_arguments, hvd.size())
+        self._plan = _make_plan(arguments)
+        self.sync_step = self._check_ranks_agree(with_step=True)
 
     def _average_model(self, action):
         self.finish_pending()
@@ -212,7 +265,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": action.group,
                           "seconds": seconds, "bytes_sent": nbytes}
 
-    def _check_ranks_agree(self):
+    def _check_ranks_agree(self, with_step=False):
+        """One allgather of a fingerprint: every rank raises the same error if any rank differs.
+
+        With ``with_step``, the step is gathered along and rank 0's is returned.
+        """
         shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaged]
         mine = fingerprint({
             "world size": hvd.size(),
@@ -221,8 +278,39 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             "parameters": shapes,
             "options": [self._overlap, self.backward_passes_per_step, str(self._op)],
         })
-        gathered = hvd.allgather(torch.from_numpy(mine).unsqueeze(0), name="dssync.fingerprint")
-        check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
+        if with_step:
+            mine = np.append(mine, np.int64(self.sync_step))
+        gathered = hvd.allgather(torch.from_numpy(mine).unsqueeze(0), name="dssync.fingerprint").numpy()
+        check_agreement(gathered[:, :len(FINGERPRINT_FIELDS)], what="hvd_dssync.torch.DistributedOptimizer")
+        return int(gathered[0, -1]) if with_step else self.sync_step
+
+
+def _make_plan(arguments):
+    return SyncPlan(hvd.rank(), hvd.size(), **arguments)
+
+
+def _for_world(arguments, size):
+    """The plan's arguments for a world of ``size`` ranks, after an elastic change of world."""
+    schedule = arguments["schedule"]
+    if not isinstance(schedule, str) or arguments["topology"] is not None:
+        raise RuntimeError(f"hvd_dssync: the world changed to {size} ranks, but the schedule {schedule!r} "
+                           "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
+                           "'butterfly'.")
+    arguments = dict(arguments)
+    # A world that shrank below the requested groups keeps as many as it can.
+    for key in ("num_groups", "group_size"):
+        if arguments[key] is not None:
+            arguments[key] = min(arguments[key], size)
+    return arguments
+
+
+def _portable(arguments):
+    """The plan's arguments as plain data, for checkpoints (a schedule object by its configuration)."""
+    out = dict(arguments)
+    schedule, topology = out["schedule"], out["topology"]
+    out["schedule"] = schedule if isinstance(schedule, str) else getattr(schedule, "config", lambda: repr(schedule))()
+    out["topology"] = None if topology is None else getattr(topology, "to_dict", lambda: repr(topology))()
+    return out
 
 
 def _called_by_horovod_to_create_state():
@@ -302,11 +390,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
-    plan = SyncPlan(hvd.rank(), hvd.size(), schedule=schedule, num_groups=num_groups, group_size=group_size,
-                    seed=seed, topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                    schedule_options=schedule_options)
+    plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
+                          topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                          schedule_options=schedule_options)
+    plan = _make_plan(plan_arguments)
     if hvd.size() == 1 and overlap:
         warnings.warn("overlap=True does nothing with one rank.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, plan, model, average_buffers, overlap)
+               gradient_predivide_factor, groups, sparse_as_dense, plan, plan_arguments, model,
+               average_buffers, overlap)
