@@ -48,7 +48,6 @@ def main():
     else:
         hvd.init()
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     model = make_model(args.params)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if args.dssync:
