@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core bench simulate docs-check clean
+.PHONY: setup demo test test-core bench bench-loopback simulate docs-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,9 @@ test-core: setup
 
 bench: setup
 	$(PY) -m hvd_dssync bench
+
+bench-loopback: setup
+	$(PY) scripts/loopback_bench.py --np 4 --params 1
 
 simulate: setup
 	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096

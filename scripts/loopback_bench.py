@@ -1,0 +1,52 @@
+"""Per-step cost of DS-Sync against hvd.DistributedOptimizer on loopback, per launcher.
+
+Runs examples/pytorch_synthetic_benchmark.py under each launcher (the test suite's settings: Open MPI
+yielding when idle, OMP_NUM_THREADS=1) for Horovod's optimizer and DS-Sync variants, one after the
+other in one run, and prints a markdown table of median step times and their ratio to Horovod's::
+
+    .venv/bin/python scripts/loopback_bench.py --np 4 --params 1
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from multirank import LAUNCHERS, ROOT, run  # noqa: E402
+
+VARIANTS = {
+    "horovod": [],
+    "dssync shuffle (plain hvd.init, dynamic sets)": ["--dssync"],
+    "dssync shuffle (dss.init, static sets)": ["--dssync", "--static"],
+    "dssync butterfly (dss.init, static sets)": ["--dssync", "--schedule", "butterfly", "--static"],
+    "dssync shuffle overlap (dynamic sets)": ["--dssync", "--overlap"],
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=4)
+    parser.add_argument("--params", type=float, default=1.0, help="model size, millions of parameters")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for launcher in args.launchers.split(","):
+            out = os.path.join(tmp, f"{launcher}.jsonl")
+            for label, extra in VARIANTS.items():
+                run(launcher, args.np, f"{ROOT}/examples/pytorch_synthetic_benchmark.py", *extra,
+                    "--params", args.params, "--json", out, timeout=600)
+            results = [json.loads(line) for line in open(out)]
+            base = results[0]["slowest_rank_step_ms"]
+            for label, result in zip(VARIANTS, results):
+                rows.append((launcher, label, result["slowest_rank_step_ms"], result["slowest_rank_step_ms"] / base))
+    print(f"\n{args.np} ranks, {args.params}M parameters, loopback\n")
+    print("| launcher | optimizer | median step (ms, slowest rank) | vs Horovod |")
+    print("| --- | --- | ---: | ---: |")
+    for launcher, label, ms, ratio in rows:
+        print(f"| {launcher} | {label} | {ms:.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
