@@ -1,0 +1,204 @@
+"""Launch one contender's job on a testbed, one rank per emulated host, and collect its record.
+
+Horovod contenders run under the Gloo controller without ``horovodrun``: this module starts Horovod's
+rendezvous server inside rank 0's namespace (:mod:`hvd_dssync.bench.rendezvous`) and gives every rank
+the environment ``horovodrun --gloo`` would. PyTorch contenders use ``torch.distributed`` over Gloo with
+rank 0's address as ``MASTER_ADDR``. Every rank is one emulated host (namespace); in loopback mode all
+ranks are on one host.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .worker import CONTENDERS
+
+__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
+
+HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c == "horovod-bsp" or c.startswith("dssync-"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Settings every rank gets, whatever the contender: one math thread per rank (ranks outnumber cores).
+COMMON_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+              "HOROVOD_GLOO_TIMEOUT_SECONDS": "60", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def rank_env(bed, rank, contender, port):
+    """The environment of ``rank``: ``horovodrun --gloo``'s variables, or torch.distributed's."""
+    env = dict(os.environ)
+    env.update(COMMON_ENV)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    namespaces = bed.describe()["mode"] == "namespaces"
+    iface = "eth0" if namespaces else "lo"
+    if contender in HOROVOD_CONTENDERS:
+        # One emulated host per rank in namespaces; one host holding every rank on loopback.
+        if namespaces:
+            host, local_rank, local_size, cross_rank, cross_size = bed.namespace(rank), 0, 1, rank, bed.size
+        else:
+            host, local_rank, local_size, cross_rank, cross_size = "localhost", rank, bed.size, 0, 1
+        env.update({
+            "HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(bed.size),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size),
+            "HOROVOD_CROSS_RANK": str(cross_rank), "HOROVOD_CROSS_SIZE": str(cross_size),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": bed.address(0), "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_GLOO_IFACE": iface, "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        })
+    else:
+        env.update({"MASTER_ADDR": bed.address(0), "MASTER_PORT": str(port), "RANK": str(rank),
+                    "WORLD_SIZE": str(bed.size), "GLOO_SOCKET_IFNAME": iface})
+    return env
+
+
+def _start_rendezvous(bed, deadline):
+    hosts = ",".join(f"{bed.namespace(r)}:1" for r in range(bed.size)) if bed.describe()["mode"] == "namespaces" \
+        else f"localhost:{bed.size}"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = bed.popen(0, [sys.executable, "-m", "hvd_dssync.bench.rendezvous", hosts, "--bind", bed.address(0),
+                         "--max-seconds", str(max(10, int(deadline - time.monotonic())))],
+                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("PORT "):
+        proc.kill()
+        raise JobFailed(f"the rendezvous server did not start: {line!r}")
+    return proc, int(line.split()[1])
+
+
+def _free_port_hint(bed):
+    # torch.distributed's store listens in rank 0's namespace: any fixed port is free there; on loopback
+    # take one the kernel hands out.
+    if bed.describe()["mode"] == "namespaces":
+        return 29500
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
+    """Run ``contender`` on every rank of ``bed``; return rank 0's record with the link counters.
+
+    ``rate_change=(seconds, mbit)`` lowers the inter-rack rate that many seconds after training starts
+    (dynamic contention) and restores it afterwards. Raises :class:`JobFailed` with every rank's output
+    tail when a rank fails or the job outlives ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    workdir = tempfile.mkdtemp(prefix="hvd_dssync-bench-")
+    out_path = os.path.join(workdir, "record.json")
+    rendezvous = None
+    procs, logs = [], []
+    marks = {}
+    timer = None
+    original_rate = bed.inter_mbit
+    try:
+        if contender in HOROVOD_CONTENDERS:
+            rendezvous, port = _start_rendezvous(bed, deadline)
+        else:
+            port = _free_port_hint(bed)
+        for rank in range(bed.size):
+            cfg = dict(config, contender=contender, rank=rank, size=bed.size, out=out_path)
+            argv = [sys.executable, "-m", "hvd_dssync.bench.worker", json.dumps(cfg)]
+            log_path = os.path.join(workdir, f"rank{rank}.log")
+            logs.append(log_path)
+            if rank == 0:
+                procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, contender, port),
+                                       stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True))
+            else:
+                with open(log_path, "w") as f:
+                    procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, contender, port),
+                                           stdout=f, stderr=subprocess.STDOUT))
+
+        def change_rate():
+            marks["rate_change"] = (time.monotonic(), bed.bottleneck_bytes())
+            bed.set_inter_rate(rate_change[1])
+            log(f"    dynamic contention: inter-rack rate now {rate_change[1]} Mbit/s")
+
+        def watch_rank0():
+            nonlocal timer
+            for line in procs[0].stdout:
+                if line.startswith("MARK "):
+                    what = line.split()[1]
+                    marks[what] = (time.monotonic(), bed.bottleneck_bytes())
+                    if what == "start" and rate_change:
+                        timer = threading.Timer(rate_change[0], change_rate)
+                        timer.daemon = True
+                        timer.start()
+                    if what == "end" and timer is not None:
+                        timer.cancel()
+
+        watcher = threading.Thread(target=watch_rank0, daemon=True)
+        watcher.start()
+        failed = None
+        for rank, proc in enumerate(procs):
+            try:
+                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                failed = f"timed out after {timeout:.0f}s"
+                break
+            if code != 0:
+                failed = f"rank {rank} exited {code}"
+                break
+        watcher.join(timeout=5)
+        if failed is None and not os.path.exists(out_path):
+            failed = "rank 0 wrote no record"
+        if failed:
+            raise JobFailed(f"{contender}: {failed}\n" + _tails(logs))
+        with open(out_path) as f:
+            record = json.load(f)
+        record["links"] = _link_bytes(marks)
+        record["rate_change"] = None if rate_change is None or "rate_change" not in marks else {
+            "after_seconds": rate_change[0], "mbit": rate_change[1]}
+        record["warnings"] = [line.strip() for line in _read(logs[0]).splitlines() if "Warning" in line][:5]
+        return record
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if rendezvous is not None:
+            rendezvous.stdin.close()
+            try:
+                rendezvous.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rendezvous.kill()
+        if rate_change and bed.inter_mbit != original_rate:
+            bed.set_inter_rate(original_rate)
+
+
+def _link_bytes(marks):
+    """Bytes per bottleneck link during training, split at the rate change if there was one."""
+    if "start" not in marks or "end" not in marks:
+        return None
+    (t0, start), (t1, end) = marks["start"], marks["end"]
+    phases = [("before", t0, start)]
+    if "rate_change" in marks:
+        phases.append(("after", *marks["rate_change"]))
+    phases.append(("end", t1, end))
+    out = {"seconds": t1 - t0, "total": {k: end[k] - start[k] for k in end}, "phases": []}
+    for (_, ta, a), (_, tb, b) in zip(phases, phases[1:]):
+        out["phases"].append({"seconds": tb - ta, "bytes": {k: b[k] - a[k] for k in b}})
+    return out
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _tails(logs, lines=15):
+    return "\n".join(f"--- rank {r} ---\n" + "\n".join(_read(p).splitlines()[-lines:]) for r, p in enumerate(logs))

@@ -1,0 +1,273 @@
+"""One rank of one contender: ``python -m hvd_dssync.bench.worker '<json config>'``.
+
+The same workload for every contender: an MLP on the digits data set (each rank trains on its own
+shard), SGD with momentum, a fixed number of steps bounded by a training-time budget. Rank 0 times every
+step, evaluates its own model every ``eval_every`` steps (outside the training clock), and at the end
+evaluates the global average of the models; it writes the record to ``config["out"]``.
+
+The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) so that the launcher can
+read the bottleneck's byte counters around exactly the training steps.
+"""
+import json
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+
+import numpy as np
+
+__all__ = ["main", "CONTENDERS"]
+
+CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical",
+              "dssync-shuffle", "dssync-butterfly", "dssync-topology")
+_SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
+
+
+def warn_if_hostname_is_loopback():
+    """Warn where a multi-host Gloo job's hostname resolves to loopback (Horovod 0.28.1 then connects
+    process sets' Gloo contexts over loopback, ignoring HOROVOD_GLOO_IFACE)."""
+    if int(os.environ.get("HOROVOD_CROSS_SIZE", "1")) <= 1:
+        return False
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return False
+    if not address.startswith("127."):
+        return False
+    warnings.warn(
+        f"hvd_dssync bench: this is a multi-host job but the hostname {socket.gethostname()!r} resolves to "
+        f"{address}; Horovod 0.28.1 builds process sets' Gloo contexts from the hostname and ignores "
+        "HOROVOD_GLOO_IFACE, so they would connect over loopback. Map the hostname to this host's address "
+        "(in a network namespace NAME: /etc/netns/NAME/hosts) or use a Horovod with the fix.")
+    return True
+
+
+def load_data(seed):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(y))
+    test = order[:360]
+    train = order[360:]
+    return x[train], y[train], x[test], y[test]
+
+
+def build_model(hidden, seed):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+class Comm:
+    """The few collectives the loop needs, from Horovod or torch.distributed."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def max_flag(self, value):
+        import torch
+
+        t = torch.tensor([float(value)])
+        if self.kind == "horovod":
+            import horovod.torch as hvd
+            return float(hvd.allreduce(t, op=hvd.Max, name="bench.flag")[0])
+        import torch.distributed as dist
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0])
+
+    def average_model(self, model):
+        if self.kind == "horovod":
+            import hvd_dssync.torch as dss
+            dss.synchronize_models(model)
+            return
+        import torch
+        import torch.distributed as dist
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.all_reduce(p.data)
+                p.data /= dist.get_world_size()
+
+
+def _make_contender(name, model, config, rank, size):
+    """(model to call, optimizer, Comm, per-step sync-seconds function or None)."""
+    import torch
+
+    lr, momentum = config["lr"], config["momentum"]
+    racks = config["racks"]
+    warmup = config.get("warmup_steps", 0)
+    if name.startswith("dssync-") or name == "horovod-bsp":
+        import horovod.torch as hvd
+        import hvd_dssync.torch as dss
+
+        if name == "horovod-bsp":
+            hvd.init()
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                                           named_parameters=model.named_parameters())
+            sync = None
+        else:
+            schedule = name.split("-", 1)[1]
+            kwargs = {"shuffle": dict(schedule="shuffle", num_groups=len(racks)),
+                      "butterfly": dict(schedule="butterfly"),
+                      "topology": dict(schedule="topology", topology=racks)}[schedule]
+            dss.init(seed=config["seed"], **kwargs)
+            base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+            opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
+                                           seed=config["seed"], warmup_steps=warmup, **kwargs)
+            sync = lambda: opt.last_sync["seconds"]  # noqa: E731
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, opt, Comm("horovod"), sync
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    ddp = DistributedDataParallel(model)
+    base = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
+    if name == "ddp":
+        return ddp, base, Comm("torch"), None
+    from collections import OrderedDict
+
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import HierarchicalModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    # Gradients are allreduced globally during the warm-up only; afterwards the averager alone syncs.
+    ddp.register_comm_hook(PostLocalSGDState(None, None, warmup, post_local_gradient_allreduce=False),
+                           post_localSGD_hook)
+    period = config["local_period"]
+    if name == "postlocal-periodic":
+        averager = PeriodicModelAverager(period=period, warmup_steps=warmup)
+    else:
+        rack_size = racks and len(racks[0])
+        periods = OrderedDict()
+        if 1 < rack_size < size and all(len(r) == rack_size for r in racks):
+            periods[max(1, period // 2)] = rack_size
+        periods[period * 2] = size
+        averager = HierarchicalModelAverager(periods, warmup_steps=warmup)
+    return ddp, PostLocalSGDOptimizer(base, averager), Comm("torch"), None
+
+
+def evaluate(model, x, y):
+    import torch
+
+    with torch.no_grad():
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y).item()
+        accuracy = (logits.argmax(1) == y).float().mean().item()
+    return loss, accuracy
+
+
+def run(config):
+    import torch
+
+    torch.set_num_threads(1)
+    rank, size = config["rank"], config["size"]
+    name = config["contender"]
+    if name not in CONTENDERS:
+        raise ValueError(f"unknown contender {name!r}; one of {', '.join(CONTENDERS)}")
+    warn_if_hostname_is_loopback()
+    x_train, y_train, x_test, y_test = load_data(config["seed"])
+    x_train, y_train = torch.from_numpy(x_train[rank::size]), torch.from_numpy(y_train[rank::size])
+    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    model = build_model(config["hidden"], config["seed"])
+    params = sum(p.numel() for p in model.parameters())
+    batch = config["batch"]
+    rng = np.random.default_rng(config["seed"] * 1000 + rank)
+
+    def batches():
+        while True:
+            order = torch.from_numpy(rng.permutation(len(y_train)))
+            for start in range(0, len(order) - batch + 1, batch):
+                yield order[start:start + batch]
+
+    data = batches()
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    # Compute alone, before any communication: what a step costs without synchronization.
+    calib_model = build_model(config["hidden"], config["seed"])
+    calib_opt = torch.optim.SGD(calib_model.parameters(), lr=0.0, momentum=config["momentum"])
+    calib = []
+    for _ in range(config["calibration_steps"]):
+        idx = next(data)
+        started = time.perf_counter()
+        calib_opt.zero_grad()
+        loss_fn(calib_model(x_train[idx]), y_train[idx]).backward()
+        calib_opt.step()
+        calib.append(time.perf_counter() - started)
+    compute_seconds = float(np.median(calib)) if calib else 0.0
+
+    net, opt, comm, sync_seconds = _make_contender(name, model, config, rank, size)
+    comm.max_flag(0)
+    if rank == 0:
+        print("MARK start", flush=True)
+    step_times, sync_times, curve, losses = [], [], [], []
+    train_clock = 0.0
+    loss_value = float("nan")
+    for step in range(config["steps"]):
+        idx = next(data)
+        started = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(net(x_train[idx]), y_train[idx])
+        loss.backward()
+        opt.step()
+        elapsed = time.perf_counter() - started
+        loss_value = loss.item()
+        losses.append(loss_value)
+        step_times.append(elapsed)
+        sync_times.append(sync_seconds() if sync_seconds else max(0.0, elapsed - compute_seconds))
+        train_clock += elapsed
+        last = step == config["steps"] - 1
+        if (step + 1) % config["eval_every"] == 0 or last:
+            test_loss, accuracy = evaluate(model, x_test, y_test)
+            curve.append({"step": step + 1, "time": train_clock, "train_loss": float(np.mean(losses)),
+                          "test_loss": test_loss, "accuracy": accuracy})
+            losses = []
+            stop = rank == 0 and train_clock > config["max_train_seconds"]
+            if not last and comm.max_flag(stop):
+                break
+    comm.max_flag(0)
+    if rank == 0:
+        print("MARK end", flush=True)
+    time.sleep(_SETTLE_SECONDS)
+    local_loss, local_accuracy = evaluate(model, x_test, y_test)
+    comm.average_model(model)
+    final_loss, final_accuracy = evaluate(model, x_test, y_test)
+    record = {
+        "contender": name, "rank": rank, "size": size, "parameters": params, "model_bytes": params * 4,
+        "steps": len(step_times), "train_seconds": train_clock, "compute_seconds": compute_seconds,
+        "step_times": step_times, "sync_times": sync_times, "curve": curve,
+        "local_accuracy": local_accuracy, "final_loss": final_loss, "final_accuracy": final_accuracy,
+        "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
+    }
+    if rank == 0:
+        with open(config["out"], "w") as f:
+            json.dump(record, f)
+    if name in ("ddp", "postlocal-periodic", "postlocal-hierarchical"):
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        import horovod.torch as hvd
+        hvd.shutdown()
+    return record
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    config = json.loads(argv[0])
+    for key in ("rank", "size"):
+        if key not in config:
+            config[key] = int(os.environ.get(f"HOROVOD_{key.upper()}", os.environ.get(key.upper(), 0) or 0))
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
