@@ -38,7 +38,7 @@ def main():
                .shuffle(1024, seed=hvd.rank()).batch(args.batch_size, drop_remainder=True).take(steps))
 
     model = tf.keras.Sequential([tf.keras.Input(shape=(64,)), tf.keras.layers.Dense(128, activation="relu"),
-                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(10)])
+                                 tf.keras.layers.BatchNormalization(momentum=0.9), tf.keras.layers.Dense(10)])
     optimizer = tf.keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     averager = dss.ModelAverager(group_size=min(2, hvd.size()), seed=0, warmup_steps=args.warmup_steps)

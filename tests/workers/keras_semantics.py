@@ -10,6 +10,7 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
+from hvd_dssync.schedules import Shuffle
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -178,6 +179,10 @@ def main():
     schedules = [opt.schedule.groups(t) for t in range(8)]
     if SIZE >= 3:
         check(len(set(schedules)) > 1, f"the shuffle never changed its groups: {schedules}")
+    # The same seed gives the PyTorch adapter's groups (whose Shuffle has 200-step windows by default).
+    torch_default = Shuffle(SIZE, num_groups=num_groups, seed=7)
+    check(all(opt.schedule.groups(t) == torch_default.groups(t) for t in range(200)),
+          "the Keras adapter's groups differ from the PyTorch adapter's in the first window")
     user_unnamed_ops()
     # Singleton groups, then the global average every third step: the values change even on 2 ranks.
     _, distinct = check_group_means_in_fit("global_every", num_groups=SIZE, global_every=3)
