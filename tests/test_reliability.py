@@ -1,0 +1,194 @@
+"""Issue #6: fail fast and clearly, lose nothing. Unit tests of the messages, then real multi-rank jobs:
+bad inputs, disagreeing ranks, a rank killed mid-training, checkpoint and resume, elastic Horovod.
+
+Every job runs under a timeout and is killed with its whole process group (tests/multirank.py).
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hvd_dssync.plan import FINGERPRINT_FIELDS, SyncPlan, check_agreement, fingerprint
+from hvd_dssync.process_sets import ProcessSetRegistry
+from hvd_dssync.schedules import UserSchedule
+from hvd_dssync.topology import Topology
+from multirank import LAUNCHERS, ROOT, WORKERS, job_env, run
+
+
+# --- messages, without Horovod -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,error,fragment", [
+    (dict(num_groups=0), ValueError, "``num_groups`` must be at least 1"),
+    (dict(num_groups=5), ValueError, "``num_groups`` must be at most the world size 4"),
+    (dict(num_groups=2, group_size=2), ValueError, "exactly one of ``num_groups`` and ``group_size``"),
+    (dict(), ValueError, "exactly one of ``num_groups`` and ``group_size``"),
+    (dict(group_size=5), ValueError, "``group_size`` must be at most the world size 4"),
+    (dict(num_groups=2, seed=1.0), TypeError, "``seed`` must be an integer"),
+    (dict(num_groups=2, seed=None), TypeError, "``seed`` must be an integer"),
+    (dict(num_groups=2, schedule="random"), ValueError, "``schedule`` must be one of"),
+    (dict(schedule="topology"), ValueError, "needs a topology"),
+], ids=["num_groups=0", "num_groups>size", "both", "neither", "group_size>size", "seed-float", "seed-none",
+        "schedule-name", "topology-missing"])
+def test_bad_plan_arguments(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment.replace("(", r"\(")):
+        SyncPlan(0, 4, **kwargs)
+
+
+class _Schedule:
+    world_size = 3
+
+    def __init__(self, partition):
+        self.partition = partition
+
+    def groups(self, step):
+        return self.partition
+
+
+@pytest.mark.parametrize("partition,fragment", [
+    ([[0, 1]], "leaves ranks [2] out of every group"),
+    ([[0, 1], [1, 2]], "puts rank 1 in more than one group"),
+    ([[0, 1, 2, 7]], "names rank 7, outside 0..2"),
+    ([[0, 1, 2], []], "has an empty group"),
+])
+def test_user_schedule_must_cover_every_rank_once(partition, fragment):
+    with pytest.raises(ValueError) as e:
+        UserSchedule(_Schedule(partition), 3)
+    assert fragment in str(e.value) and "schedule.groups(0)" in str(e.value)
+
+
+def test_user_schedule_must_be_deterministic():
+    class Flips(_Schedule):
+        calls = 0
+
+        def groups(self, step):
+            self.calls += 1
+            return [[0, 1, 2]] if self.calls % 2 else [[0], [1, 2]]
+
+    with pytest.raises(ValueError, match="different partitions when called twice"):
+        UserSchedule(Flips(None), 3)
+
+
+@pytest.mark.parametrize("spec,hosts,fragment", [
+    ("[[0], oops", None, "neither a file nor valid JSON"),
+    ({"racks": [[0]], "colour": 1}, None, "unknown keys"),
+    ([[0, 1], [1]], None, "exactly once"),
+    ([[0], [5]], None, "exactly once"),
+    ([["a"], ["zz"]], ["a", "b"], "zz"),
+    ([[0, 1]], ["a", "a", "b"], "names 2 ranks, but the job has 3"),
+])
+def test_bad_topology(spec, hosts, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        Topology.parse(spec, hosts)
+
+
+def test_disagreement_names_fields_and_ranks():
+    agree = fingerprint({"world size": 4, "schedule": {"seed": 0}, "policy": {}, "parameters": [["w", [2]]],
+                         "options": []})
+    rows = np.stack([agree] * 4)
+    check_agreement(rows)  # no error
+    rows[2, FINGERPRINT_FIELDS.index("schedule")] += 1
+    rows[3, FINGERPRINT_FIELDS.index("parameters")] += 1
+    rows[1, FINGERPRINT_FIELDS.index("parameters")] += 1
+    with pytest.raises(ValueError) as e:
+        check_agreement(rows, what="X")
+    message = str(e.value)
+    assert message.startswith("X: ranks disagree")
+    assert "schedule (ranks [2] differ from rank 0)" in message
+    assert "parameters (ranks [1, 3] differ from rank 0)" in message
+    assert "policy" not in message and "world size" not in message
+
+
+class _FakeHorovod:
+    """Just enough of a Horovod module for the registry's bookkeeping."""
+
+    def __init__(self, size, rank=0):
+        self.world = (size, rank)
+        self.global_process_set = "global"
+
+    def size(self):
+        return self.world[0]
+
+    def rank(self):
+        return self.world[1]
+
+
+def test_registry_forgets_its_sets_in_a_new_world():
+    hvd = _FakeHorovod(4)
+    registry = ProcessSetRegistry(hvd)
+    first = registry.refresh()
+    assert registry.refresh() == first  # same world: nothing forgotten
+    registry._sets[(0, 1)] = object()
+    hvd.world = (3, 0)  # an elastic reset to three ranks
+    assert registry.refresh() == first + 1
+    assert registry.live_groups() == ()
+    hvd.world = (3, 1)  # same size, another rank: a new world too
+    assert registry.refresh() == first + 2
+
+
+# --- multi-rank jobs -----------------------------------------------------------------------------
+
+MULTIRANK = pytest.mark.multirank
+SIZES = [pytest.param(launcher, np, id=f"{launcher}-np{np}") for launcher in LAUNCHERS for np in (2, 3)]
+
+
+@MULTIRANK
+@pytest.mark.parametrize("launcher,np", SIZES)
+def test_bad_inputs_raise_identically_before_any_communication(launcher, np):
+    """Each bad argument and each disagreement: same message on every rank, no stray op (unnamed ops after)."""
+    output = run(launcher, np, "reliability_inputs.py", timeout=240)
+    assert output.count("all checks passed") == np, output
+
+
+@MULTIRANK
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_killed_rank_stops_the_job(launcher):
+    """Rank 1 is SIGKILLed at step 10 of an endless loop; the job must fail, not hang, and say why."""
+    started = time.monotonic()
+    output = run(launcher, 3, "reliability_train.py", "kill", "--at", 10, timeout=150, expect_failure=True)
+    elapsed = time.monotonic() - started
+    assert "rank 1: kill at step 10" in output, output
+    assert any(reason in output for reason in ("Connection reset by peer", "exited on signal 9",
+                                               "status code 137", "Horovod has been shut down")), output
+    assert elapsed < 150
+
+
+@MULTIRANK
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_checkpoint_resume_is_bit_identical(launcher, tmp_path):
+    """Train 13 steps; or train 5, save, restart the job, resume to 13: every rank's weights bit-equal."""
+    run(launcher, 3, "reliability_train.py", "full", "--steps", 13, "--dir", tmp_path, timeout=200)
+    run(launcher, 3, "reliability_train.py", "save", "--steps", 5, "--dir", tmp_path, timeout=200)
+    output = run(launcher, 3, "reliability_train.py", "resume", "--steps", 13, "--dir", tmp_path, timeout=200)
+    assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
+
+
+@MULTIRANK
+def test_elastic_worker_removed_mid_run(tmp_path):
+    """horovodrun elastic on localhost: 3 workers, the host file shrinks to 2 slots at step 8 of 30."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:3\n")
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discovery.chmod(0o755)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discovery),
+           "--network-interface", "lo", "--gloo-timeout-seconds", "60", sys.executable,
+           os.path.join(WORKERS, "reliability_elastic.py"), str(hosts), "30", "8", "localhost:2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=job_env("gloo"), start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"elastic job hung past 240s; output:\n{output}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output
+    for rank in (0, 1):
+        assert f"rank {rank}: sizes [3, 2], finished at step 30 in a world of 2" in output, output
