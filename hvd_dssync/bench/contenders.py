@@ -102,7 +102,8 @@ def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
         else:
             port = _free_port_hint(bed)
         for rank in range(bed.size):
-            cfg = dict(config, contender=contender, rank=rank, size=bed.size, out=out_path)
+            cfg = dict(config, contender=contender, rank=rank, size=bed.size, out=out_path,
+                       hang_seconds=max(5, int(timeout) - 15))
             argv = [sys.executable, "-m", "hvd_dssync.bench.worker", json.dumps(cfg)]
             log_path = os.path.join(workdir, f"rank{rank}.log")
             logs.append(log_path)

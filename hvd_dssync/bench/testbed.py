@@ -62,7 +62,7 @@ def namespaces_available():
         made = _ip("netns", "add", probe, check=False)
         if made.returncode != 0:
             return False, f"`ip netns add` is not allowed here: {made.stderr.strip()}"
-        veth = _ip("-n", probe, "link", "add", "a", "type", "veth", "peer", "name", "b", check=False)
+        veth = _ip("-n", probe, "link", "add", "dssp0", "type", "veth", "peer", "name", "dssp1", check=False)
         if veth.returncode != 0:
             return False, f"veth pairs are not allowed here: {veth.stderr.strip()}"
         return True, ""
@@ -144,6 +144,8 @@ def cleanup_stale():
 
 
 class Testbed:
+    __test__ = False  # not a pytest class
+
     """Racks of emulated hosts; ``with Testbed(racks=[2, 2]) as tb: tb.popen(rank, argv, env)``.
 
     Args:

@@ -165,7 +165,12 @@ def evaluate(model, x, y):
 
 
 def run(config):
+    import faulthandler
+
     import torch
+
+    # A rank stuck in a collective dumps its stack and exits before the launcher's timeout kills it.
+    faulthandler.dump_traceback_later(config.get("hang_seconds", 120), exit=True)
 
     torch.set_num_threads(1)
     rank, size = config["rank"], config["size"]

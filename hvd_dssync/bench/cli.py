@@ -1,0 +1,153 @@
+"""``python -m hvd_dssync bench``: every contender, side by side, on one emulated cluster, in one run.
+
+Scenarios (one testbed, the inter-rack rate set per scenario):
+- ``static``: the racks behind a slow link (``--inter-mbit``);
+- ``dynamic``: the link between racks starts at the intra-rack rate and drops to ``--inter-mbit``
+  ``--dynamic-after`` seconds into each contender's training (contention appears);
+- ``none``: no bottleneck, the link between racks as fast as the hosts' own links.
+
+Every rank is an emulated host (network namespace) launched with the Gloo controller and a rendezvous
+server started here, never ``horovodrun``. Without root or network namespaces the run falls back to
+loopback (unshaped, one scenario) and says so.
+"""
+import argparse
+import os
+import sys
+import time
+
+from . import report
+from .contenders import CONTENDERS, JobFailed, run_contender
+from .testbed import LoopbackBed, Testbed, namespaces_available
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_CONTENDERS = CONTENDERS
+SCENARIOS = ("static", "dynamic", "none")
+
+
+def _csv(kind, choices=None):
+    def parse(text):
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if choices is not None:
+            if items == ["all"]:
+                return list(choices)
+            bad = [i for i in items if i not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {kind} {', '.join(bad)}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m hvd_dssync bench", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--ranks", type=int, default=8, help="ranks, one per emulated host")
+    p.add_argument("--racks", type=int, default=2, help="racks of equal size, ranks numbered rack by rack")
+    p.add_argument("--intra-mbit", type=float, default=400.0, help="each host's own link rate")
+    p.add_argument("--inter-mbit", type=float, default=40.0, help="rate between racks (static scenario)")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay between racks")
+    p.add_argument("--scenarios", type=_csv("scenario", SCENARIOS), default=list(SCENARIOS))
+    p.add_argument("--contenders", type=_csv("contender", CONTENDERS), default=list(DEFAULT_CONTENDERS),
+                   help="comma-separated, or 'all'")
+    p.add_argument("--others-in", type=_csv("contender", CONTENDERS), default=["horovod-bsp", "dssync-topology",
+                                                                              "dssync-butterfly"],
+                   help="contenders that also run in the dynamic and none scenarios (the static one runs all)")
+    p.add_argument("--steps", type=int, default=150, help="most training steps per contender")
+    p.add_argument("--max-train-seconds", type=float, default=20.0, help="training-time budget per contender")
+    p.add_argument("--dynamic-after", type=float, default=4.0, help="seconds before the dynamic rate drop")
+    p.add_argument("--hidden", type=int, default=512, help="MLP width (parameters ~ hidden^2)")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--local-period", type=int, default=4, help="PostLocalSGD averaging period")
+    p.add_argument("--warmup-steps", type=int, default=0, help="bulk-synchronous warm-up (DS-Sync, PostLocalSGD)")
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--target", type=float, default=0.95, help="target test accuracy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds before one contender's job is killed")
+    p.add_argument("--out", default="bench-results", help="folder for results.json, results.md and the PNGs")
+    p.add_argument("--loopback", action="store_true", help="run on loopback even where namespaces work")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def _scenario(name, args):
+    if name == "static":
+        return {"name": name, "inter_mbit": args.inter_mbit, "rate_change": None}
+    if name == "dynamic":
+        return {"name": name, "inter_mbit": args.intra_mbit, "rate_change": [args.dynamic_after, args.inter_mbit]}
+    return {"name": name, "inter_mbit": args.intra_mbit, "rate_change": None}
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.ranks < 2 or args.racks < 1 or args.ranks % args.racks:
+        print("bench: --ranks must be at least 2 and a multiple of --racks", file=sys.stderr)
+        return 2
+    per_rack = args.ranks // args.racks
+    racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
+    ok, why = (False, "--loopback given") if args.loopback else namespaces_available()
+    config = {"seed": args.seed, "hidden": args.hidden, "batch": args.batch, "lr": args.lr, "momentum": args.momentum,
+              "steps": args.steps, "eval_every": args.eval_every, "max_train_seconds": args.max_train_seconds,
+              "calibration_steps": 10, "racks": racks, "local_period": args.local_period,
+              "warmup_steps": args.warmup_steps, "target": args.target}
+    if ok:
+        bed = Testbed([per_rack] * args.racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit,
+                      delay_ms=args.delay_ms)
+        scenarios = [_scenario(s, args) for s in args.scenarios]
+    else:
+        print(f"bench: network namespaces are not available ({why}); running on LOOPBACK: no racks, no "
+              "shaping, no bottleneck to measure. These figures say nothing about a bottlenecked network.")
+        bed = LoopbackBed([per_rack] * args.racks)
+        scenarios = [{"name": "loopback", "inter_mbit": 0.0, "rate_change": None}]
+    os.makedirs(args.out, exist_ok=True)
+    runs, rows, failures = [], [], []
+    started = time.monotonic()
+    with bed:
+        testbed = bed.describe()
+        print(f"bench: {testbed['mode']} testbed, racks {racks}, intra {args.intra_mbit} Mbit/s, inter "
+              f"{args.inter_mbit} Mbit/s, delay {args.delay_ms} ms; launcher: Gloo controller, rendezvous "
+              "server started by the bench (no horovodrun), OMP_NUM_THREADS=1")
+        for scenario in scenarios:
+            if testbed["mode"] == "namespaces":
+                bed.set_inter_rate(scenario["inter_mbit"])
+            contenders = args.contenders if scenario["name"] in ("static", "loopback") else \
+                [c for c in args.contenders if c in args.others_in]
+            for contender in contenders:
+                print(f"  [{scenario['name']}] {contender} ...", flush=True)
+                t0 = time.monotonic()
+                try:
+                    record = run_contender(bed, contender, config, args.timeout,
+                                           rate_change=scenario["rate_change"] and tuple(scenario["rate_change"]))
+                except JobFailed as e:
+                    print(f"    FAILED: {e}", file=sys.stderr)
+                    failures.append({"scenario": scenario["name"], "contender": contender, "error": str(e)[-4000:]})
+                    continue
+                row = report.summarize(record, scenario, config)
+                rows.append(row)
+                runs.append({"scenario": scenario["name"], "contender": contender, "record": record})
+                print(f"    {row['steps']} steps, median {row['median_step_s']:.3f} s, final accuracy "
+                      f"{row['final_accuracy']:.1%}, time to target {row['time_to_target_s']}, "
+                      f"bottleneck bytes {row['bottleneck_bytes']} (est. {row['bottleneck_bytes_estimate']:.0f}), "
+                      f"sync/link-bound {row['sync_to_link_bound']} [{time.monotonic() - t0:.0f} s]", flush=True)
+    checks = report.targets(rows)
+    payload = {"command": "python -m hvd_dssync bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "testbed": testbed, "launcher": "Gloo controller; rendezvous server started by the bench "
+               "inside rank 0's namespace; one process per namespace; OMP_NUM_THREADS=1",
+               "config": config, "scenarios": scenarios, "rows": rows, "runs": runs, "failures": failures,
+               "targets": [{"target": t, "met": m, "figures": f} for t, m, f in checks],
+               "wall_seconds": time.monotonic() - started, "cpu_count": os.cpu_count()}
+    report.write_json(os.path.join(args.out, "results.json"), payload)
+    table = report.markdown_table(rows, args.target)
+    lines = [table, ""]
+    for t, m, f in checks:
+        lines.append(f"- {'MET' if m else 'MISSED'}: {t}: {f}")
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+    if not args.no_plots and rows:
+        from .plot import plot_results
+        for path in plot_results(payload, args.out):
+            print(path)
+    print(f"bench: wrote {args.out}/results.json and results.md in {payload['wall_seconds']:.0f} s")
+    return 1 if failures else 0
