@@ -13,7 +13,6 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..plan import check_agreement, fingerprint
 from .sync import StepSync, make_plan
 
 __all__ = ["DistributedOptimizer"]
@@ -28,7 +27,7 @@ class _DSSyncOptimizer:
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = average_non_trainable
         self._dssync_local_vars = set()
-        self._dssync_check_ranks_agree(model, options)
+        self._dssync_connect(model, options)
 
     @property
     def schedule(self):
@@ -72,19 +71,11 @@ class _DSSyncOptimizer:
                          if v.dtype.is_floating and v.ref() not in seen]
         return averaged
 
-    def _dssync_check_ranks_agree(self, model, options):
+    def _dssync_connect(self, model, options):
         shapes = None
         if model is not None and model.built:
             shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
-        mine = fingerprint({
-            "world size": hvd.size(),
-            "schedule": self._dssync.plan.schedule.config(),
-            "policy": self._dssync.plan.policy.config(),
-            "parameters": shapes,
-            "options": options,
-        })
-        gathered = hvd.allgather(tf.constant(mine[None, :]), name="DSSync_fingerprint")
-        check_agreement(gathered.numpy(), what="hvd_dssync.keras.DistributedOptimizer")
+        self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", shapes, options)
 
 
 def _calling_model(optimizer):

@@ -7,13 +7,14 @@ from the step tensor at run time. The branch of every step comes from a table fi
 :meth:`SyncPlan.action` in Python, so the graph and the PyTorch adapter follow the same schedule and
 policy code.
 """
+import itertools
 import math
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, SyncPlan
+from ..plan import BSP, GLOBAL, SyncPlan, check_agreement, fingerprint
 from ..process_sets import registry_for
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -21,6 +22,10 @@ __all__ = ["StepSync", "ModelAverager", "make_plan"]
 # Branches of the step's switch: no model averaging (a bulk-synchronous step, or a group of one),
 # the average over all ranks, then one branch per distinct group of this rank.
 _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
+
+# Numbers the StepSync objects of this process: every rank builds them in the same order (their process
+# sets are registered collectively), so two optimizers in one step never share a Horovod op name.
+_instances = itertools.count()
 
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
@@ -52,9 +57,10 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topo
 class StepSync:
     """This rank's DS-Sync communication for a step given as a tensor; used inside ``tf.function``.
 
-    Constructing it registers the schedule's process sets (a collective: build it on every rank, in
-    the same order). :meth:`gradients` averages gradients over all ranks in bulk-synchronous steps;
-    :meth:`average` averages variables inside the step's group (or over all ranks).
+    :meth:`connect` checks that the ranks agree and registers the schedule's process sets (collectives:
+    build and connect it on every rank, in the same order). :meth:`gradients` averages gradients over
+    all ranks in bulk-synchronous steps; :meth:`average` averages variables inside the step's group (or
+    over all ranks).
     """
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
@@ -65,15 +71,24 @@ class StepSync:
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.device_dense = device_dense
-        self.name = name
+        self.name = f"{name}_{next(_instances)}"
         self._registry = registry_for(hvd)
-        self._groups = ()
-        if plan.world_size > 1:
-            acquire, _ = plan.window_change(0)
-            self._registry.acquire(acquire)
-            self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
-                                         if plan.rank in g and len(g) > 1}))
+        self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
+                                     if plan.rank in g and 1 < len(g) < plan.world_size}))
         self._table = self._branch_table()
+
+    def connect(self, what, parameters=None, options=None):
+        """Check that all ranks were configured alike, then register the process sets (collectives).
+
+        Every rank raises the same ``ValueError`` on a mismatch, before any process set is added.
+        """
+        mine = fingerprint({"world size": self.plan.world_size, "schedule": self.plan.schedule.config(),
+                            "policy": self.plan.policy.config(), "parameters": parameters, "options": options})
+        gathered = hvd.allgather(tf.constant(mine[None, :]), name=f"{self.name}_fingerprint")
+        check_agreement(gathered.numpy(), what=what)
+        if self.plan.world_size > 1:
+            acquire, _ = self.plan.window_change(0)
+            self._registry.acquire(acquire)
 
     def _branch_of(self, step):
         action = self.plan.action(step)
@@ -191,6 +206,7 @@ class ModelAverager(tf.Module):
                          topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                          schedule_options=schedule_options)
         self._sync = StepSync(plan, compression=compression, name=name)
+        self._sync.connect("hvd_dssync.keras.ModelAverager", options=[type(compression).__name__])
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     @property

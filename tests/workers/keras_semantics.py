@@ -162,6 +162,13 @@ def check_drop_in():
             check(error in str(e), f"{kwargs}: message {e} does not name {error}")
         else:
             raise AssertionError(f"rank {RANK}: {kwargs} was accepted")
+    if SIZE > 1:
+        try:
+            dss.ModelAverager(num_groups=min(2, SIZE), seed=RANK, name="TestMismatch")
+        except ValueError as e:
+            check("disagree" in str(e) and "schedule" in str(e), f"mismatched seeds gave {e}")
+        else:
+            raise AssertionError(f"rank {RANK}: ranks with different seeds were accepted")
     try:
         dss.DistributedOptimizer(object(), num_groups=1)
     except TypeError:
