@@ -141,7 +141,7 @@ def main(argv=None):
     table = report.markdown_table(rows, args.target)
     lines = [table, ""]
     for t, m, f in checks:
-        lines.append(f"- {'MET' if m else 'MISSED'}: {t}: {f}")
+        lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n" + "\n".join(lines))

@@ -144,8 +144,6 @@ def cleanup_stale():
 
 
 class Testbed:
-    __test__ = False  # not a pytest class
-
     """Racks of emulated hosts; ``with Testbed(racks=[2, 2]) as tb: tb.popen(rank, argv, env)``.
 
     Args:
@@ -156,9 +154,14 @@ class Testbed:
 
     Example::
 
+        from hvd_dssync.bench.contenders import run_contender
+
         with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as tb:
-            procs = [tb.popen(r, ["python", "train.py"], env=tb.horovod_env(r, port)) for r in range(4)]
+            before = tb.bottleneck_bytes()
+            record = run_contender(tb, "dssync-topology", config, timeout=120)
     """
+
+    __test__ = False  # not a pytest test class, whatever its name
 
     def __init__(self, racks, intra_mbit=0.0, inter_mbit=0.0, delay_ms=0.0):
         if not racks or any(int(n) < 1 for n in racks):
