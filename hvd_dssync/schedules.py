@@ -150,10 +150,11 @@ class Shuffle(Schedule):
     """Seeded random partitions into ``num_groups`` groups whose sizes differ by at most one.
 
     Each window of ``window_steps`` steps draws ``partitions_per_window`` random partitions from a
-    generator seeded by ``(seed, window)`` and cycles through them. Where the draw leaves some ranks
-    unconnected, ranks are swapped between groups of the last partition until the window's groups
-    connect every rank, so every window mixes all ranks (a warning says when the sizes make that
-    impossible). Few partitions per window keep few
+    generator seeded by ``(seed, window)`` and cycles through them. Where a draw leaves some ranks
+    unconnected, ranks are swapped between groups of the last partition, and the window is drawn again
+    (up to 16 times) until its groups connect every rank, so that each window mixes all ranks. Sizes
+    that leave no spare link (``partitions_per_window * (N - num_groups) == N - 1``) may still end
+    unconnected; sizes that cannot connect at all get a warning. Few partitions per window keep few
     process sets live per rank (each costs time on every Horovod cycle); fresh windows keep the shuffle
     exploring. ``window_steps=None`` draws once and cycles forever (static process sets are possible).
 
@@ -192,10 +193,11 @@ class Shuffle(Schedule):
         cached = self._cache.get(window)
         if cached is None:
             rng = np.random.Generator(np.random.PCG64([self.seed, window]))
-            drawn = [[list(g) for g in np.array_split(rng.permutation(self.world_size), self.num_groups)]
-                     for _ in range(self.partitions_per_window)]
-            if self._can_connect:
-                _connect_by_swaps(drawn)
+            for _ in range(16):
+                drawn = [[list(g) for g in np.array_split(rng.permutation(self.world_size), self.num_groups)]
+                         for _ in range(self.partitions_per_window)]
+                if not self._can_connect or _connect_by_swaps(drawn):
+                    break
             cached = tuple(canonical_partition(p) for p in drawn)
             self._cache[window] = cached
             if len(self._cache) > 8:
@@ -233,26 +235,28 @@ def _connects(partitions):
 def _connect_by_swaps(partitions):
     """Swap ranks between groups of the last partition until the window connects all ranks.
 
-    Swapping rank x (component C, group A) with rank y (component D, group B), both groups of two or
-    more, joins C and D: A's other members now meet y, B's meet x, and nothing is cut off. Group sizes
-    are kept, and each swap removes a component, so this ends after fewer than N swaps. Deterministic.
+    Moving rank x of group A into group B (and B's rank y of another component into A) links the two
+    components through A's other members; a swap can also cut a link, so this is a bounded search,
+    not a proof: it returns whether the window ends connected. Group sizes are kept. Deterministic.
     """
     last = partitions[-1]
     for _ in range(sum(len(g) for g in last)):
         label = _components(partitions)
         if len(set(label)) == 1:
-            return
-        movable = [(i, g) for i, g in enumerate(last) if len(g) > 1]
-        for a, group_a in movable:
+            return True
+        for a, group_a in enumerate(last):
+            if len(group_a) < 2:
+                continue
             x = group_a[0]
-            swap = next(((b, j) for b, group_b in movable if b != a
+            swap = next(((b, j) for b, group_b in enumerate(last) if b != a
                          for j, y in enumerate(group_b) if label[y] != label[x]), None)
             if swap is not None:
                 b, j = swap
                 last[a][0], last[b][j] = last[b][j], x
                 break
         else:
-            return
+            return False
+    return _connects(partitions)
 
 
 def _mixed_radix(world_size, group_size):
