@@ -65,7 +65,14 @@ def _positive_float(text):
 
 
 def build_parser():
-    """The argparse parser of all subcommands (``bench`` and ``plot`` take their own arguments)."""
+    """The argparse parser of all subcommands (``bench`` and ``plot`` take their own arguments).
+
+    Example::
+
+        >>> args = build_parser().parse_args(["info", "-np", "8", "--schedule", "butterfly"])
+        >>> args.command, args.num_proc, args.schedule, args.seed
+        ('info', 8, 'butterfly', 0)
+    """
     parser = argparse.ArgumentParser(prog=PROG, description="DS-Sync for Horovod: inspect, simulate, benchmark.")
     parser.add_argument("--version", action="version", version=f"hvd_dssync {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")

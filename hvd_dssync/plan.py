@@ -19,12 +19,25 @@ __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "FINGERPRINT_FIELDS", "
 
 
 class Action(NamedTuple):
+    """What one step does: ``kind`` is BSP, GROUP or GLOBAL; ``group`` the ranks that average together.
+
+    Example::
+
+        >>> SyncPlan(rank=2, world_size=4, schedule="butterfly").action(0)
+        Action(kind='group', group=(2, 3))
+    """
     kind: str      # BSP, GROUP or GLOBAL
     group: tuple   # the ranks taking part (all ranks for BSP and GLOBAL)
 
 
 def ring_allreduce_bytes(group_size, nbytes):
-    """Bytes each rank sends in a ring allreduce of ``nbytes`` over ``group_size`` ranks."""
+    """Bytes each rank sends in a ring allreduce of ``nbytes`` over ``group_size`` ranks.
+
+    Example::
+
+        >>> ring_allreduce_bytes(4, 1000), ring_allreduce_bytes(1, 1000)
+        (1500, 0)
+    """
     return 0 if group_size <= 1 else 2 * (group_size - 1) * nbytes // group_size
 
 
@@ -36,6 +49,15 @@ class SyncPlan:
         schedule: a name in ``SCHEDULE_NAMES`` or a schedule object (see :func:`make_schedule`).
         num_groups, group_size, seed, topology, schedule_options: passed to :func:`make_schedule`.
         warmup_steps, global_every: the :class:`Policy`.
+
+    Example::
+
+        >>> plan = SyncPlan(rank=1, world_size=4, schedule="butterfly", warmup_steps=1, global_every=3)
+        >>> [(a.kind, a.group) for a in map(plan.action, range(5))]  # doctest: +NORMALIZE_WHITESPACE
+        [('bsp', (0, 1, 2, 3)), ('group', (1, 3)), ('group', (0, 1)), ('global', (0, 1, 2, 3)),
+         ('group', (0, 1))]
+        >>> plan.window_change(0)  # (groups to register, groups to release) when a window starts
+        (((0, 1), (0, 2), (1, 3), (2, 3)), ())
     """
 
     def __init__(self, rank, world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0,
@@ -88,7 +110,13 @@ def _digest(value):
 
 
 def fingerprint(fields):
-    """An int64 vector, one hash per name in ``FINGERPRINT_FIELDS``, for an allgather across ranks."""
+    """An int64 vector, one hash per name in ``FINGERPRINT_FIELDS``, for an allgather across ranks.
+
+    Example::
+
+        >>> fingerprint({"world size": 4, "schedule": {"name": "shuffle"}}).shape
+        (5,)
+    """
     unknown = set(fields) - set(FINGERPRINT_FIELDS)
     if unknown:
         raise KeyError(f"unknown fingerprint fields {sorted(unknown)}")
@@ -100,6 +128,14 @@ def check_agreement(gathered, what="hvd_dssync"):
 
     ``gathered`` is the ``(world_size, len(FINGERPRINT_FIELDS))`` array every rank got from the
     allgather; the message names each differing field and the ranks that differ from rank 0.
+
+    Example::
+
+        >>> a, b = fingerprint({"schedule": "shuffle"}), fingerprint({"schedule": "butterfly"})
+        >>> check_agreement([a, a, b])
+        Traceback (most recent call last):
+        ...
+        ValueError: hvd_dssync: ranks disagree on the configuration: schedule (ranks [2] differ from rank 0). ...
     """
     gathered = np.asarray(gathered).reshape(-1, len(FINGERPRINT_FIELDS))
     problems = []

@@ -32,12 +32,27 @@ SCHEDULE_NAMES = ("shuffle", "butterfly", "topology")
 
 
 def canonical_partition(groups):
-    """Sort each group and the groups by their smallest rank, as tuples: one spelling per partition."""
+    """Sort each group and the groups by their smallest rank, as tuples: one spelling per partition.
+
+    Example::
+
+        >>> canonical_partition([[3, 1], [2, 0]])
+        ((0, 2), (1, 3))
+    """
     return tuple(sorted(tuple(sorted(int(r) for r in g)) for g in groups))
 
 
 def validate_partition(groups, world_size, what="partition"):
-    """Raise ``ValueError`` unless ``groups`` covers every rank of ``range(world_size)`` exactly once."""
+    """Raise ``ValueError`` unless ``groups`` covers every rank of ``range(world_size)`` exactly once.
+
+    Example::
+
+        >>> validate_partition([[0, 1], [2]], 3)
+        >>> validate_partition([[0, 1], [1, 2]], 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: partition puts rank 1 in more than one group: [[0, 1], [1, 2]]
+    """
     seen = {}
     for group in groups:
         if len(group) == 0:
@@ -65,7 +80,20 @@ class Schedule(abc.ABC):
     """Base of all schedules: subclasses say which partitions a window cycles through.
 
     Step ``t`` lies in window ``w = t // window_steps`` and uses
-    ``partitions(w)[(t - w * window_steps) % len(partitions(w))]``.
+    ``partitions(w)[(t - w * window_steps) % len(partitions(w))]``. A subclass sets ``world_size`` (and
+    ``window_steps`` if its partitions change between windows) and implements :meth:`partitions` and
+    :meth:`config`; :meth:`groups`, :meth:`group_of` and :meth:`window_groups` follow.
+
+    Example::
+
+        >>> class Rings(Schedule):
+        ...     world_size = 4
+        ...     def partitions(self, window):
+        ...         return (((0, 1), (2, 3)), ((0, 3), (1, 2)))
+        ...     def config(self):
+        ...         return {"name": "rings", "world_size": 4}
+        >>> Rings().groups(1), Rings().group_of(2, 0), Rings().window_groups(0)
+        (((0, 3), (1, 2)), (2, 3), ((0, 1), (0, 3), (1, 2), (2, 3)))
     """
 
     world_size: int
@@ -394,7 +422,17 @@ class UserSchedule(Schedule):
     """Wraps any object with ``groups(step)`` (and optionally ``window_steps``) and validates it.
 
     Each window's partitions are read once from the user's object, checked to cover every rank exactly
-    once, and checked to be the same when asked twice.
+    once, and checked to be the same when asked twice. Without ``window_steps`` the object's groups must
+    repeat with a period of at most 32 steps (the first 64 are read).
+
+    Example::
+
+        >>> class Pairs:
+        ...     world_size = 4
+        ...     def groups(self, step):
+        ...         return [[0, 1], [2, 3]] if step % 2 == 0 else [[0, 3], [1, 2]]
+        >>> UserSchedule(Pairs(), 4).groups(5)
+        ((0, 3), (1, 2))
     """
 
     def __init__(self, schedule, world_size, window_steps=None, check_windows=2):
@@ -452,7 +490,17 @@ def make_schedule(schedule, world_size, num_groups=None, group_size=None, seed=0
                   **options):
     """Build the schedule an adapter was asked for: a name in ``SCHEDULE_NAMES`` or an object.
 
-    ``num_groups``/``group_size``/``seed`` apply to the named schedules; ``topology`` to "topology".
+    ``num_groups``/``group_size``/``seed`` apply to the named schedules; ``topology`` to "topology";
+    ``options`` go to the named schedule's constructor (e.g. ``window_steps`` for "shuffle"). A
+    :class:`Schedule` is returned as it is (its world size checked); any other object with
+    ``groups(step)`` is wrapped in :class:`UserSchedule`.
+
+    Example::
+
+        >>> make_schedule("butterfly", 4)
+        Butterfly(world_size=4, group_size=2)
+        >>> make_schedule("shuffle", 8, num_groups=2, seed=1, window_steps=None)
+        Shuffle(world_size=8, num_groups=2, seed=1, partitions_per_window=2, window_steps=None)
     """
     if isinstance(schedule, Schedule):
         if schedule.world_size != world_size:

@@ -276,7 +276,14 @@ def spectral_gap(schedule, start=0, period=None, method="auto", tol=1e-12, max_i
 
 
 class LinkLoad(NamedTuple):
-    """What one step puts on the links (bytes in the busiest direction) and how long it takes."""
+    """What one step puts on the links (bytes in the busiest direction) and how long it takes.
+
+    Example::
+
+        >>> t = Topology.from_racks([[0, 1], [2, 3]])
+        >>> link_load([[0, 2], [1, 3]], t, 1000)   # both pairs cross the racks
+        LinkLoad(uplink_bytes=2000.0, cross_rack_bytes=4000.0, host_bytes=1000.0, seconds=1.6e-05)
+    """
     uplink_bytes: float   # the busiest rack uplink, in or out
     cross_rack_bytes: float  # all bytes that change racks
     host_bytes: float     # the busiest host NIC, in or out
