@@ -44,16 +44,15 @@ def main():
     args = parse_args()
     schedule_args = dict(schedule=args.schedule, num_groups=args.num_groups if args.schedule == "shuffle" else None)
     if args.static:
-        dss.init(**schedule_args, schedule_options={"window_steps": None} if args.schedule == "shuffle" else None)
+        dss.init(**schedule_args)
     else:
         hvd.init()
     torch.manual_seed(0)
     model = make_model(args.params)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if args.dssync:
-        options = {"window_steps": None} if args.static and args.schedule == "shuffle" else None
         optimizer = dss.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), model=model,
-                                             overlap=args.overlap, schedule_options=options, **schedule_args)
+                                             overlap=args.overlap, **schedule_args)
         name = f"dssync-{args.schedule}" + ("-static" if args.static else "") + ("-overlap" if args.overlap else "")
     else:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())

@@ -180,9 +180,10 @@ class Shuffle(Schedule):
     Each window of ``window_steps`` steps draws ``partitions_per_window`` random partitions from a
     generator seeded by ``(seed, window)`` and cycles through them. Where a draw leaves some ranks
     unconnected, ranks are swapped between groups of the last partition, and the window is drawn again
-    (up to 16 times) until its groups connect every rank, so that each window mixes all ranks. Sizes
-    that leave no spare link (``partitions_per_window * (N - num_groups) == N - 1``) may still end
-    unconnected; sizes that cannot connect at all get a warning. Few partitions per window keep few
+    (up to 16 times) until its groups connect every rank, so that each window mixes all ranks. This is
+    tested for groups of two or more (``num_groups <= N / 2``); with mostly one-rank groups, where the
+    window has barely the ``N - 1`` links it needs, a window may still end unconnected, and sizes that
+    cannot connect at all get a warning. Few partitions per window keep few
     process sets live per rank (each costs time on every Horovod cycle); fresh windows keep the shuffle
     exploring. ``window_steps=None`` draws once and cycles forever (static process sets are possible).
 
@@ -192,7 +193,11 @@ class Shuffle(Schedule):
         group_size: the largest group size; ``num_groups = ceil(world_size / group_size)``.
         seed: integer seed shared by all ranks.
         partitions_per_window: distinct partitions a window cycles through (default 2).
-        window_steps: steps per window (default 200), or ``None`` for one endless window.
+        window_steps: steps per window, or ``None`` (the default) for one endless window. Endless
+            windows cycle through the same connected partitions forever, as the DS-Sync authors' code
+            does; they allow static process sets (``hvd_dssync.torch.init``), which cost ~4x less per
+            step than dynamic ones on an oversubscribed host (docs/benchmarks.md). Finite windows
+            explore more partitions but need dynamic process sets.
 
     Example::
 
@@ -202,7 +207,7 @@ class Shuffle(Schedule):
     """
 
     def __init__(self, world_size, num_groups=None, group_size=None, seed=0, partitions_per_window=2,
-                 window_steps=200):
+                 window_steps=None):
         self.world_size = _check_int("world_size", world_size, 1)
         self.num_groups = _sizes_to_num_groups(self.world_size, num_groups, group_size)
         self.seed = _check_int("seed", seed, 0)

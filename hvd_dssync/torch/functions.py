@@ -92,8 +92,8 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuff
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
-    ones. They fit schedules whose groups never change (``butterfly``, ``topology`` given as ranks, or
-    ``shuffle`` with ``schedule_options={"window_steps": None}``); other schedules get dynamic process
+    ones. They fit schedules whose groups never change (``butterfly``, ``topology`` given as ranks, and
+    ``shuffle`` with its default endless window); a schedule with finite windows gets dynamic process
     sets. Pass the same schedule arguments to :func:`DistributedOptimizer` afterwards.
 
     The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``.
