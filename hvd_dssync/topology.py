@@ -14,8 +14,9 @@ Spec forms accepted by :func:`Topology.parse`::
 """
 import json
 import os
+import socket
 
-__all__ = ["Topology", "ENV_VAR"]
+__all__ = ["Topology", "ENV_VAR", "loopback_hostname_warning"]
 
 ENV_VAR = "HVD_DSSYNC_TOPOLOGY"
 
@@ -148,3 +149,31 @@ class Topology:
 
     def __repr__(self):
         return f"Topology(racks={self.rack_ranks()})"
+
+
+def loopback_hostname_warning(cross_size):
+    """The warning for a multi-host job whose hostname resolves to loopback, or ``None``.
+
+    Horovod 0.28.1 as released builds a process set's Gloo context from the address the hostname
+    resolves to and ignores ``HOROVOD_GLOO_IFACE``, so on such hosts (Debian's default /etc/hosts) the
+    ranks of other hosts would try to reach 127.x and abort. hvd_dssync's set-up builds Horovod with the
+    fix; other builds need the hostname mapped to the host's address.
+
+    Example::
+
+        >>> loopback_hostname_warning(cross_size=1) is None   # one host: loopback is fine
+        True
+    """
+    if cross_size <= 1:
+        return None
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    if not address.startswith("127."):
+        return None
+    return (f"hvd_dssync: this job spans {cross_size} hosts but the hostname {socket.gethostname()!r} resolves "
+            f"to {address}. Unless Horovod was built with hvd_dssync's Gloo fix (scripts/setup.sh does it), "
+            "process sets' Gloo contexts ignore HOROVOD_GLOO_IFACE and bind to that loopback address, and "
+            "ranks on other hosts cannot reach them. Map the hostname to this host's network address in "
+            "/etc/hosts (in a network namespace NAME: /etc/netns/NAME/hosts).")

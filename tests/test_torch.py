@@ -43,3 +43,16 @@ def test_digits_accuracy_matches_horovod(launcher, tmp_path):
     horovod = sum(_train(launcher, "horovod", s, tmp_path) for s in seeds) / len(seeds)
     assert dssync >= horovod - 0.01, f"DS-Sync {dssync:.4f} vs Horovod {horovod:.4f} (mean over seeds {seeds})"
     assert dssync > 0.9, f"DS-Sync reached only {dssync:.4f} test accuracy"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_script_may_end_without_a_global_collective(launcher):
+    """The exit-time drain lets slower groups finish their last average before Horovod shuts down."""
+    output = run(launcher, 4, "torch_exit.py", timeout=120)
+    assert output.count("done") == 4, output
+
+
+def test_without_the_drain_the_slower_group_fails_clearly():
+    output = run("mpi", 4, "torch_exit.py", timeout=120, env={"HVD_DSSYNC_EXIT_TIMEOUT": "0"},
+                 expect_failure=True)
+    assert "hvd_dssync: Horovod is shut down" in output, output

@@ -18,6 +18,8 @@ import warnings
 
 import numpy as np
 
+from hvd_dssync.topology import loopback_hostname_warning
+
 __all__ = ["main", "CONTENDERS"]
 
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical",
@@ -26,22 +28,11 @@ _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the co
 
 
 def warn_if_hostname_is_loopback():
-    """Warn where a multi-host Gloo job's hostname resolves to loopback (Horovod 0.28.1 then connects
-    process sets' Gloo contexts over loopback, ignoring HOROVOD_GLOO_IFACE)."""
-    if int(os.environ.get("HOROVOD_CROSS_SIZE", "1")) <= 1:
-        return False
-    try:
-        address = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return False
-    if not address.startswith("127."):
-        return False
-    warnings.warn(
-        f"hvd_dssync bench: this is a multi-host job but the hostname {socket.gethostname()!r} resolves to "
-        f"{address}; Horovod 0.28.1 builds process sets' Gloo contexts from the hostname and ignores "
-        "HOROVOD_GLOO_IFACE, so they would connect over loopback. Map the hostname to this host's address "
-        "(in a network namespace NAME: /etc/netns/NAME/hosts) or use a Horovod with the fix.")
-    return True
+    """Warn where a multi-host job's hostname resolves to loopback (see ``loopback_hostname_warning``)."""
+    message = loopback_hostname_warning(int(os.environ.get("HOROVOD_CROSS_SIZE", "1")))
+    if message:
+        warnings.warn(message)
+    return message is not None
 
 
 def load_data(seed):

@@ -9,6 +9,7 @@ Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world
 notices it (this rank, the world size or the registered process sets changed), rebuilds the schedule for
 the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
+import atexit
 import contextlib
 import os
 import sys
@@ -23,11 +24,58 @@ from horovod.torch import functions as hvd_functions
 
 from ..plan import BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, check_agreement, fingerprint, ring_allreduce_bytes
 from ..process_sets import registry_for
+from ..topology import loopback_hostname_warning
 
 __all__ = ["DistributedOptimizer"]
 
 # Optimizers with an averaging in flight (overlap=True): synchronize_models() completes them first.
 _live_optimizers = weakref.WeakSet()
+_exit = {"drain_registered": False, "uncaught_exception": False}
+EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
+
+
+def _watch_until_exit(optimizer):
+    """Track ``optimizer``; once per process, arrange a drain before Horovod's own exit-time shutdown.
+
+    Registered after ``hvd.init()`` (which registers Horovod's shutdown), so it runs first.
+    """
+    _live_optimizers.add(optimizer)
+    if _exit["drain_registered"]:
+        return
+    _exit["drain_registered"] = True
+    message = loopback_hostname_warning(hvd.cross_size())
+    if message:
+        warnings.warn(message)
+    previous_hook = sys.excepthook
+
+    def note_uncaught(*exc_info):
+        _exit["uncaught_exception"] = True
+        previous_hook(*exc_info)
+
+    sys.excepthook = note_uncaught
+    atexit.register(_drain_before_shutdown)
+
+
+def _drain_before_shutdown():
+    """Let every rank finish its last group average before any rank shuts Horovod down.
+
+    Under DS-Sync the groups of the last step finish at different times; a rank that exits and shuts
+    Horovod down while another group still averages makes that group's op fail. So a script that ends
+    without a global collective gets one here: a named allreduce, waited for at most
+    ``HVD_DSSYNC_EXIT_TIMEOUT`` seconds (default 30) so that a rank whose peers are stuck or gone still
+    exits. Skipped after an uncaught exception, when Horovod's shutdown should reach the others at once.
+    """
+    if _exit["uncaught_exception"] or not hvd.is_initialized():
+        return
+    try:
+        for optimizer in list(_live_optimizers):
+            optimizer.finish_pending()
+        handle = hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum)
+        deadline = time.monotonic() + float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
+        while not hvd.poll(handle) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except Exception:  # Horovod already shut down by a failing peer: nothing left to drain
+        pass
 
 
 def _check_named_parameters(optimizer, named_parameters):
@@ -84,7 +132,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._world_check_pending = os.environ.get("HOROVOD_ELASTIC") == "1"
         if not self._world_check_pending:
             self._check_ranks_agree()
-        _live_optimizers.add(self)
+        _watch_until_exit(self)
 
     # --- what users see ---------------------------------------------------------------------
 
@@ -199,8 +247,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication."""
-        return (self._registry.refresh() != self._generation
-                or self._world_identity != (hvd.size(), hvd.rank()))
+        try:
+            generation = self._registry.refresh()
+        except ValueError:  # Horovod's "not initialized": its process-set table is gone
+            raise RuntimeError("hvd_dssync: Horovod is shut down, so this step cannot average: another rank "
+                               "failed or exited early (its output says why), or hvd.shutdown() was called."
+                               ) from None
+        return generation != self._generation or self._world_identity != (hvd.size(), hvd.rank())
 
     def _join_world(self):
         """Take up the current world: every rank of it calls this at the same step (a collective).
