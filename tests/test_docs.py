@@ -112,6 +112,16 @@ def test_doc_block_runs(path, language, options, code, expected, tmp_path):
         _check_output(output, expected)
 
 
+@pytest.mark.multirank
+def test_keras_synthetic_benchmark_example_runs(tmp_path):
+    """examples/tf2_keras_synthetic_benchmark.py, named in the docs, with --dssync on 2 ranks."""
+    out = tmp_path / "bench.jsonl"
+    run("gloo", 2, f"{ROOT}/examples/tf2_keras_synthetic_benchmark.py", "--dssync", "--schedule", "butterfly",
+        "--num-iters", "2", "--num-batches-per-iter", "3", "--json", out, timeout=300)
+    (result,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result["name"] == "dssync-butterfly" and result["ranks"] == 2 and result["step_ms"] > 0
+
+
 DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.topology", "hvd_dssync.policy", "hvd_dssync.plan",
                    "hvd_dssync.simulate", "hvd_dssync.__main__"]
 
