@@ -15,7 +15,7 @@ from .policy import BSP, GLOBAL, GROUP, Policy
 from .schedules import make_schedule
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "FINGERPRINT_FIELDS", "fingerprint",
-           "check_agreement"]
+           "check_agreement", "check_horovod_arguments"]
 
 
 class Action(NamedTuple):
@@ -99,6 +99,32 @@ class SyncPlan:
 
     def config(self):
         return {"schedule": self.schedule.config(), "policy": self.policy.config()}
+
+
+def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set):
+    """Validate the arguments both adapters take from Horovod's ``DistributedOptimizer``.
+
+    ``hvd`` is the framework's Horovod module (for its op constants and global process set). Raises
+    before any communication, with a message naming the argument and the rule.
+
+    Example::
+
+        check_horovod_arguments(hvd, hvd.Average, 1.0, 1, hvd.global_process_set)  # passes
+    """
+    if op == hvd.Adasum:
+        raise ValueError("Arg ``op=hvd.Adasum`` has no meaning under DS-Sync, which averages models "
+                         "within groups; use op=hvd.Average.")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"Arg ``op`` must be hvd.Average or hvd.Sum (for the warm-up's gradients), got {op!r}.")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("Arg ``gradient_predivide_factor`` is only supported with op=hvd.Average.")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
+                         f"{backward_passes_per_step!r}.")
+    if process_set is not hvd.global_process_set and process_set.process_set_id != 0:
+        raise ValueError("Arg ``process_set``: hvd_dssync runs DS-Sync over all ranks; a process_set "
+                         "other than hvd.global_process_set is not supported.")
 
 
 FINGERPRINT_FIELDS = ("world size", "schedule", "policy", "parameters", "options")

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .schedules import Butterfly, Shuffle, TopologyAware, canonical_partition
+from .schedules import Butterfly, Shuffle, TopologyAware, _check_int, canonical_partition
 from .topology import Topology
 
 __all__ = [
@@ -66,14 +66,6 @@ DENSE_LIMIT = 512
 TABLE_SCHEDULES = ("bsp", "shuffle", "butterfly", "topology")
 _BITS_PER_BYTE = 8
 _GIGA = 1e9
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Arg ``{name}`` must be an integer, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"Arg ``{name}`` must be at least {minimum}, got {value}.")
-    return int(value)
 
 
 def _check_positive(name, value):

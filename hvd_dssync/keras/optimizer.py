@@ -13,6 +13,7 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..plan import check_horovod_arguments
 from .sync import StepSync, make_plan
 
 __all__ = ["DistributedOptimizer"]
@@ -151,23 +152,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     if not _is_keras_optimizer(optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
-    if op == hvd.Adasum:
-        raise ValueError("Arg ``op=hvd.Adasum`` has no meaning under DS-Sync, which averages models "
-                         "within groups; use op=hvd.Average.")
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"Arg ``op`` must be hvd.Average or hvd.Sum (for the warm-up's gradients), got {op!r}.")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("Arg ``gradient_predivide_factor`` is only supported with op=hvd.Average.")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
-                         f"{backward_passes_per_step!r}.")
+    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if backward_passes_per_step > 1:
         raise ValueError("Arg ``backward_passes_per_step`` above 1 is not supported by hvd_dssync.keras yet; "
                          "use a larger batch instead.")
-    if process_set is not hvd.global_process_set and process_set.process_set_id != 0:
-        raise ValueError("Arg ``process_set``: hvd_dssync runs DS-Sync over all ranks; a process_set "
-                         "other than hvd.global_process_set is not supported.")
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     plan = make_plan(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..plan import BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, check_agreement, fingerprint, ring_allreduce_bytes
+from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, check_agreement, check_horovod_arguments, fingerprint,
+                    ring_allreduce_bytes)
 from ..process_sets import registry_for
 from ..topology import loopback_hostname_warning
 
@@ -421,20 +422,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                        num_groups=2, seed=0)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
-    if op == hvd.Adasum:
-        raise ValueError("Arg ``op=hvd.Adasum`` has no meaning under DS-Sync, which averages models "
-                         "within groups; use op=hvd.Average.")
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"Arg ``op`` must be hvd.Average or hvd.Sum (for the warm-up's gradients), got {op!r}.")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("Arg ``gradient_predivide_factor`` is only supported with op=hvd.Average.")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
-                         f"{backward_passes_per_step!r}.")
-    if process_set is not hvd.global_process_set and process_set.process_set_id != 0:
-        raise ValueError("Arg ``process_set``: hvd_dssync runs DS-Sync over all ranks; a process_set "
-                         "other than hvd.global_process_set is not supported.")
+    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     if overlap and compression is not hvd.Compression.none:
