@@ -8,7 +8,6 @@ random data, with Horovod's optimizer or, with ``--dssync``, with DS-Sync's::
 """
 import argparse
 import json
-import time
 import timeit
 
 import horovod.torch as hvd

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 
-__all__ = ["Topology", "ENV_VAR", "loopback_hostname_warning"]
+__all__ = ["Topology", "ENV_VAR", "loopback_hostname_warning", "job_topology"]
 
 ENV_VAR = "HVD_DSSYNC_TOPOLOGY"
 
@@ -177,3 +177,23 @@ def loopback_hostname_warning(cross_size):
             "process sets' Gloo contexts ignore HOROVOD_GLOO_IFACE and bind to that loopback address, and "
             "ranks on other hosts cannot reach them. Map the hostname to this host's network address in "
             "/etc/hosts (in a network namespace NAME: /etc/netns/NAME/hosts).")
+
+
+def job_topology(spec, world_size, gather_hostnames):
+    """The job's topology: each rank's host from ``gather_hostnames()``, racks from ``spec``.
+
+    ``spec`` is a Topology, a JSON file or string, or racks as lists of ranks or hostnames; without it,
+    ``HVD_DSSYNC_TOPOLOGY`` is read, else every host is its own rack. ``gather_hostnames`` is the
+    adapter's allgather of ``socket.gethostname()`` (a collective, called unless ``spec`` is a Topology).
+
+    Example::
+
+        >>> job_topology([[0, 1], [2, 3]], 4, lambda: ["a", "a", "b", "b"]).rack_ranks()
+        [[0, 1], [2, 3]]
+    """
+    if isinstance(spec, Topology):
+        if spec.world_size != world_size:
+            raise ValueError(f"Arg ``topology`` names {spec.world_size} ranks, but the job has {world_size}.")
+        return spec
+    hosts = gather_hostnames()
+    return Topology.from_env(hosts) if spec is None else Topology.parse(spec, hosts)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from hvd_dssync.schedules import Butterfly, Shuffle, TopologyAware, UserSchedule, _connects, make_schedule
 from hvd_dssync.simulate import consensus_error

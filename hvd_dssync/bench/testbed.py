@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
 
 __all__ = ["Testbed", "namespaces_available", "cleanup_stale", "STATE_DIR"]

@@ -9,7 +9,6 @@ The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) 
 read the bottleneck's byte counters around exactly the training steps.
 """
 import json
-import math
 import os
 import socket
 import sys

@@ -9,7 +9,7 @@ import socket
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..topology import Topology
+from ..topology import job_topology as resolve_topology
 
 __all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology"]
 
@@ -110,11 +110,7 @@ def job_topology(spec=None):
 
     As ``hvd_dssync.torch.job_topology``; a collective.
     """
-    if isinstance(spec, Topology):
-        if spec.world_size != hvd.size():
-            raise ValueError(f"Arg ``topology`` names {spec.world_size} ranks, but the job has {hvd.size()}.")
-        return spec
-    hosts = hvd.allgather_object(socket.gethostname(), name="DSSync_hostnames")
-    return Topology.from_env(hosts) if spec is None else Topology.parse(spec, hosts)
+    return resolve_topology(spec, hvd.size(),
+                            lambda: hvd.allgather_object(socket.gethostname(), name="DSSync_hostnames"))
 
 

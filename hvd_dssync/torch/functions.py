@@ -7,7 +7,7 @@ import torch
 
 from ..plan import SyncPlan
 from ..process_sets import enable_dynamic_process_sets, registry_for
-from ..topology import Topology
+from ..topology import Topology, job_topology as resolve_topology
 
 __all__ = ["synchronize_models", "consensus_distance", "job_topology", "init"]
 
@@ -79,12 +79,8 @@ def job_topology(spec=None):
     ``spec`` is a Topology, a JSON file or string, or racks as lists of ranks or hostnames; without it,
     ``HVD_DSSYNC_TOPOLOGY`` is read, else every host is its own rack. A collective.
     """
-    if isinstance(spec, Topology):
-        if spec.world_size != hvd.size():
-            raise ValueError(f"Arg ``topology`` names {spec.world_size} ranks, but the job has {hvd.size()}.")
-        return spec
-    hosts = hvd.allgather_object(socket.gethostname(), name="dssync.hostnames")
-    return Topology.from_env(hosts) if spec is None else Topology.parse(spec, hosts)
+    return resolve_topology(spec, hvd.size(),
+                            lambda: hvd.allgather_object(socket.gethostname(), name="dssync.hostnames"))
 
 
 def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
