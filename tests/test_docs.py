@@ -92,6 +92,18 @@ def _check_output(output, expected):
             pytest.fail(f"expected line not found (in order) in the block's output:\n  {want}\noutput:\n{output}")
 
 
+def test_the_convention_is_parsed_as_documented(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nnot run\n```\n\n```python run\nprint(1)\n```\n\n```text output\n1\n```\n"
+                    "```bash run\necho x\n```\n\n```python run np=2 timeout=60\npass\n```\n")
+    blocks = _blocks(str(page))
+    assert [(b[0], b[1], b[2], b[4]) for b in blocks] == [
+        (5, "python", {}, "1\n"), (12, "bash", {}, None), (16, "python", {"np": "2", "timeout": "60"}, None)]
+    _check_output("[0]<stdout>:a\n[0]<stdout>:1  \nb\n2\n", "1\n...\n2\n")
+    with pytest.raises(pytest.fail.Exception):
+        _check_output("2\n1\n", "1\n2\n")
+
+
 def test_the_docs_have_run_blocks():
     assert len(_params()) >= 10, "the docs lost their runnable examples"
 
