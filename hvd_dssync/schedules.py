@@ -195,8 +195,8 @@ class Shuffle(Schedule):
         partitions_per_window: distinct partitions a window cycles through (default 2).
         window_steps: steps per window, or ``None`` (the default) for one endless window. Endless
             windows cycle through the same connected partitions forever, as the DS-Sync authors' code
-            does; they allow static process sets (``hvd_dssync.torch.init``), which cost ~4x less per
-            step than dynamic ones on an oversubscribed host (docs/benchmarks.md). Finite windows
+            does, and allow static process sets (``hvd_dssync.torch.init``), which spare Horovod a global
+            exchange every cycle (docs/benchmarks.md has the measured per-step costs). Finite windows
             explore more partitions but need dynamic process sets.
 
     Example::

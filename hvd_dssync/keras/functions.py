@@ -109,6 +109,11 @@ def job_topology(spec=None):
     """The job's :class:`Topology`: each rank's host by an allgather of hostnames, racks from ``spec``.
 
     As ``hvd_dssync.torch.job_topology``; a collective.
+
+    Example::
+
+        topology = dss.job_topology()          # racks from HVD_DSSYNC_TOPOLOGY, else one per host
+        print(topology.rack_ranks())
     """
     return resolve_topology(spec, hvd.size(),
                             lambda: hvd.allgather_object(socket.gethostname(), name="DSSync_hostnames"))

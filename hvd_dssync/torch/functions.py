@@ -78,6 +78,11 @@ def job_topology(spec=None):
 
     ``spec`` is a Topology, a JSON file or string, or racks as lists of ranks or hostnames; without it,
     ``HVD_DSSYNC_TOPOLOGY`` is read, else every host is its own rack. A collective.
+
+    Example::
+
+        topology = dss.job_topology([[0, 1], [2, 3]])   # two racks of two ranks
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="topology", topology=topology)
     """
     return resolve_topology(spec, hvd.size(),
                             lambda: hvd.allgather_object(socket.gethostname(), name="dssync.hostnames"))
