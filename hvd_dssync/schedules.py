@@ -373,7 +373,8 @@ class TopologyAware(Schedule):
         topology: a :class:`hvd_dssync.topology.Topology`.
         intra_steps: rack-local steps between bridge steps (0 makes every step a bridge step).
         max_cross_groups: groups that may cross the slow links at a bridge step.
-        rotate_every: periods before the bridge ranks change.
+        rotate_every: periods before the bridge ranks change; ``None`` keeps the first bridges forever
+            (one endless window: static process sets, and the Keras adapter's default).
 
     Example::
 
@@ -388,9 +389,9 @@ class TopologyAware(Schedule):
         self.world_size = topology.world_size
         self.intra_steps = _check_int("intra_steps", intra_steps, 0)
         self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
-        self.rotate_every = _check_int("rotate_every", rotate_every, 1)
+        self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
         self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
-        self.window_steps = (self.intra_steps + 1) * self.rotate_every
+        self.window_steps = None if self.rotate_every is None else (self.intra_steps + 1) * self.rotate_every
         self._cache = {}
 
     def partitions(self, window):

@@ -30,15 +30,14 @@ _instances = itertools.count()
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
               global_every=0, schedule_options=None):
-    """The :class:`SyncPlan` of this rank; the Keras adapter defaults Shuffle to one endless window.
+    """The :class:`SyncPlan` of this rank; the schedule must keep its groups for the whole run.
 
-    The pool of process sets a traced graph can use is fixed when it is traced, so Shuffle's windows
-    (new partitions every ``window_steps`` steps) are off unless ``schedule_options`` asks for them:
-    ``groups(t)`` then equals the PyTorch adapter's for the first window (200 steps by default).
+    The pool of process sets a traced graph can use is fixed when it is traced, so a schedule with
+    windows is refused; "topology" therefore defaults to fixed bridges (``rotate_every=None``).
     """
     options = dict(schedule_options or {})
-    if schedule == "shuffle":
-        options.setdefault("window_steps", None)
+    if schedule == "topology":
+        options.setdefault("rotate_every", None)
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)

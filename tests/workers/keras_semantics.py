@@ -186,10 +186,10 @@ def main():
     schedules = [opt.schedule.groups(t) for t in range(8)]
     if SIZE >= 3:
         check(len(set(schedules)) > 1, f"the shuffle never changed its groups: {schedules}")
-    # The same seed gives the PyTorch adapter's groups (whose Shuffle has 200-step windows by default).
+    # The same seed gives the PyTorch adapter's groups: both build the core's Shuffle.
     torch_default = Shuffle(SIZE, num_groups=num_groups, seed=7)
     check(all(opt.schedule.groups(t) == torch_default.groups(t) for t in range(200)),
-          "the Keras adapter's groups differ from the PyTorch adapter's in the first window")
+          "the Keras adapter's groups differ from the PyTorch adapter's")
     user_unnamed_ops()
     # Singleton groups, then the global average every third step: the values change even on 2 ranks.
     _, distinct = check_group_means_in_fit("global_every", num_groups=SIZE, global_every=3)
@@ -197,6 +197,9 @@ def main():
         check(len(distinct) > 1, "global_every=3 never changed the values")
     check_group_means_in_fit("warm-up", num_groups=num_groups, warmup_steps=2, global_every=2)
     check_group_means_in_fit("butterfly", schedule="butterfly")
+    racks = [list(range((SIZE + 1) // 2)), list(range((SIZE + 1) // 2, SIZE))]
+    check_group_means_in_fit("topology", schedule="topology", topology=racks,
+                             schedule_options={"intra_steps": 1})
     check_group_means_in_fit("local statistics", num_groups=1, non_trainable=False)
     if not args.quick:
         check_custom_loop()
