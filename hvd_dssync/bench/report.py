@@ -140,9 +140,10 @@ def targets(rows):
                                                             f"{bsp['train_seconds']:.1f} s)"
         else:
             met, speedup = t_b / t_d >= 2, f"{t_b / t_d:.2f}x"
-        met = met and abs(gap) <= 0.5 if met is not None else None
+        # The accuracy bound is one-sided: DS-Sync may lose at most 0.5 pp; ending higher is no miss.
+        met = met and gap <= 0.5 if met is not None else None
         out.append(("static bottleneck: DS-Sync reaches the target >= 2x sooner than Horovod BSP, final "
-                    "accuracy within 0.5 pp", met,
+                    "accuracy at most 0.5 pp below BSP's", met,
                     f"{best['contender']} {_fmt(t_d, '.1f', 'never')} s vs BSP {_fmt(t_b, '.1f', 'never')} s "
                     f"(speedup {speedup}); final accuracy {best['final_accuracy']:.1%} vs BSP "
                     f"{bsp['final_accuracy']:.1%}"))
