@@ -116,3 +116,28 @@ def test_plot_writes_pngs(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(payload))
     assert main([str(tmp_path / "results.json")]) == 0
     assert (tmp_path / "loss_accuracy_static.png").exists() and (tmp_path / "time_to_accuracy.png").exists()
+
+
+@needs_namespaces
+@pytest.mark.multirank
+def test_probe_topology_finds_the_racks_behind_the_slow_link():
+    """4 emulated hosts, 2 racks joined by a link 10x slower: the probe's timings recover the racks."""
+    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
+
+    worker = os.path.join(ROOT, "tests", "workers", "torch_probe.py")
+    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
+        rendezvous, port = _start_rendezvous(bed, time.monotonic() + 90)
+        procs = [bed.popen(rank, [sys.executable, worker], env=rank_env(bed, rank, "dssync-topology", port),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rank in range(bed.size)]
+        try:
+            outputs = [proc.communicate(timeout=90)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            rendezvous.stdin.close()
+            rendezvous.wait(timeout=10)
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    racks = [json.loads(line[6:]) for line in outputs[0].splitlines() if line.startswith("RACKS ")]
+    assert racks == [[[0, 1], [2, 3]]], outputs[0]

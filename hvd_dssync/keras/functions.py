@@ -4,12 +4,11 @@ These run eagerly (from callbacks or between steps) and are collectives: call th
 """
 import math
 import os
-import socket
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..topology import job_topology as resolve_topology
+from ..topology import host_name, job_topology as resolve_topology
 
 __all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology"]
 
@@ -116,6 +115,6 @@ def job_topology(spec=None):
         print(topology.rack_ranks())
     """
     return resolve_topology(spec, hvd.size(),
-                            lambda: hvd.allgather_object(socket.gethostname(), name="DSSync_hostnames"))
+                            lambda: hvd.allgather_object(host_name(), name="DSSync_hostnames"))
 
 

@@ -17,7 +17,8 @@ from ..process_sets import enable_dynamic_process_sets
 
 enable_dynamic_process_sets()
 
-from .functions import consensus_distance, init, job_topology, synchronize_models  # noqa: E402
+from .functions import consensus_distance, init, job_topology, probe_topology, synchronize_models  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
-__all__ = ["DistributedOptimizer", "synchronize_models", "consensus_distance", "job_topology", "init"]
+__all__ = ["DistributedOptimizer", "synchronize_models", "consensus_distance", "job_topology", "probe_topology",
+           "init"]

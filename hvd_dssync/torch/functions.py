@@ -1,15 +1,15 @@
 """Whole-model helpers for PyTorch: exact global average, consensus distance, job topology, init."""
 import math
-import socket
+import time
 
 import horovod.torch as hvd
 import torch
 
 from ..plan import SyncPlan
 from ..process_sets import enable_dynamic_process_sets, registry_for
-from ..topology import Topology, job_topology as resolve_topology
+from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
 
-__all__ = ["synchronize_models", "consensus_distance", "job_topology", "init"]
+__all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init"]
 
 
 def _model_tensors(model, buffers=True):
@@ -85,7 +85,54 @@ def job_topology(spec=None):
         opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="topology", topology=topology)
     """
     return resolve_topology(spec, hvd.size(),
-                            lambda: hvd.allgather_object(socket.gethostname(), name="dssync.hostnames"))
+                            lambda: hvd.allgather_object(host_name(), name="dssync.hostnames"))
+
+
+def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
+    """Find the racks by timing an allreduce between every pair of hosts; a :class:`Topology`.
+
+    The lowest rank of each host represents it. In rounds of disjoint host pairs (every pair meets once),
+    each pair's representatives time ``repeats`` allreduces of ``nbytes`` on a two-rank process set
+    after one unmeasured warm-up; every other rank issues as many one-element ops on its own one-rank set,
+    so all ranks keep the same op sequence. Links slower than ``slow_fraction`` of the fastest pair are
+    slow; hosts joined by fast links form a rack. A collective; with one host there is nothing to time.
+
+    Example::
+
+        topology = dss.probe_topology()
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       schedule="topology", topology=topology)
+    """
+    rank_hosts = hvd.allgather_object(host_name(), name="dssync.probe.hosts")
+    hosts = list(dict.fromkeys(rank_hosts))
+    if len(hosts) == 1:
+        return Topology(rank_hosts)
+    leaders = [rank_hosts.index(h) for h in hosts]
+    registry = registry_for(hvd)
+    seconds = torch.zeros(len(hosts), len(hosts), dtype=torch.float64)
+    payload, tiny = torch.zeros(max(1, nbytes // 4)), torch.zeros(1)
+    for pairs in round_robin_pairings(len(hosts)):
+        busy = {leaders[a]: (a, b) for a, b in pairs} | {leaders[b]: (a, b) for a, b in pairs}
+        partition = [(leaders[a], leaders[b]) for a, b in pairs] + \
+                    [(r,) for r in range(hvd.size()) if r not in busy]
+        registry.acquire(partition)
+        me = hvd.rank()
+        group = next(g for g in partition if me in g)
+        process_set = registry.get(group)
+        tensor = payload if me in busy else tiny
+        hvd.allreduce_(tensor, name="dssync.probe.warm", process_set=process_set)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            hvd.allreduce_(tensor, name="dssync.probe", process_set=process_set)
+        if me in busy:
+            a, b = busy[me]
+            seconds[a, b] = seconds[b, a] = (time.perf_counter() - started) / repeats
+        registry.release(partition)
+    seconds = hvd.allreduce(seconds, op=hvd.Max, name="dssync.probe.seconds")
+    rates = (payload.numel() * 4 / seconds.clamp(min=1e-9)).tolist()
+    racks = racks_from_rates(rates, slow_fraction)
+    host_racks = {hosts[h]: index for index, rack in enumerate(racks) for h in rack}
+    return Topology(rank_hosts, host_racks)
 
 
 def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
