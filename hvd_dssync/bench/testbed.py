@@ -113,6 +113,21 @@ def _remove_run(run_id):
         pass
 
 
+def _kill_process_groups(procs):
+    """SIGKILL the process group of every process still running, then reap them (bounded waits)."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def cleanup_stale():
     """Remove testbeds whose owning process is gone (a killed run); return their run ids."""
     owners = {}
@@ -328,17 +343,7 @@ class Testbed:
         if self._closed:
             return
         self._closed = True
-        for proc in self._procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        _kill_process_groups(self._procs)
         _remove_run(self.run_id)
         for sig, handler in self._previous_handlers.items():
             try:
@@ -409,13 +414,7 @@ class LoopbackBed:
         return {}
 
     def close(self):
-        for proc in self._procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=5)
+        _kill_process_groups(self._procs)
         self._procs = []
         atexit.unregister(self.close)
 
