@@ -1,13 +1,15 @@
-"""Keras callbacks for DS-Sync: the consensus model at the end, and the consensus distance in the logs.
+"""Keras callbacks for DS-Sync: the consensus model at the end; the consensus distance and the bytes sent
+in the logs.
 
 Put them before callbacks that read the logs or save the model (TensorBoard, ModelCheckpoint), so those
 see the distance and the synchronized weights.
 """
 import tensorflow as tf
 
+from ..plan import BSP, ring_allreduce_bytes
 from .functions import consensus_distance, synchronize_models
 
-__all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback"]
+__all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback", "SyncStatsCallback"]
 
 
 class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
@@ -58,3 +60,43 @@ class ConsensusDistanceCallback(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs[self.key] = consensus_distance(self.model)
+
+
+class SyncStatsCallback(tf.keras.callbacks.Callback):
+    """Report the bytes this rank sent to synchronize during each epoch as ``logs["dssync_bytes_sent"]``.
+
+    Counted from the schedule: a step's allreduce over a group of ``k`` ranks sends ``2 (k - 1) / k`` of
+    the averaged bytes (ring allreduce), gradients in warm-up steps, the model otherwise. The steps run
+    in the graph, so their time is not measured here (the PyTorch adapter's ``opt.last_sync`` has it).
+
+    Example::
+
+        model.fit(x, y, callbacks=[dss.callbacks.SyncStatsCallback()])
+    """
+
+    def __init__(self, key="dssync_bytes_sent"):
+        super().__init__()
+        self.key = key
+        self._first_step = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._first_step = self.model.optimizer.sync_step
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        optimizer = self.model.optimizer
+        gradients = _nbytes(self.model.trainable_variables)
+        model = gradients
+        if optimizer._dssync_average_non_trainable:
+            model += _nbytes(v for v in self.model.non_trainable_variables if v.dtype.is_floating)
+        plan = optimizer._dssync.plan
+        sent = 0
+        for step in range(self._first_step, optimizer.sync_step):
+            action = plan.action(step)
+            sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
+        logs[self.key] = sent
+
+
+def _nbytes(variables):
+    return sum(v.shape.num_elements() * v.dtype.size for v in variables)

@@ -128,8 +128,16 @@ def check_training_with_callbacks():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
                  hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.05, warmup_epochs=1, steps_per_epoch=8,
                                                           momentum_correction=False),
-                 dss.callbacks.ConsensusDistanceCallback(), dss.callbacks.SynchronizeModelsCallback()]
+                 dss.callbacks.ConsensusDistanceCallback(), dss.callbacks.SyncStatsCallback(),
+                 dss.callbacks.SynchronizeModelsCallback()]
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+    floats = [v for v in model.variables if v.dtype.is_floating]
+    model_bytes = sum(v.shape.num_elements() * 4 for v in floats)
+    want = [sum(int(2 * (len(g) - 1) * model_bytes // len(g)) for g in
+                (opt.schedule.group_of(RANK, t) for t in range(8 * epoch, 8 * (epoch + 1))))
+            for epoch in range(2)]
+    check(history.history["dssync_bytes_sent"] == want,
+          f"bytes sent per epoch {history.history['dssync_bytes_sent']}, want {want}")
     distances = history.history["consensus_distance"]
     everyone = hvd_tf.allgather_object(distances, name="test.distances")
     check(all(d == distances for d in everyone), f"consensus distances differ between ranks: {everyone}")
