@@ -104,7 +104,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, plan, plan_arguments, model,
+                 gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model,
                  average_buffers, overlap):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
@@ -112,7 +112,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._op = op
         self._gradient_predivide_factor = gradient_predivide_factor
-        self._fusion_groups = groups
         self._sparse_as_dense = sparse_as_dense
         self._plan_arguments = plan_arguments
         self._plan = plan
@@ -395,8 +394,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
     tensors; ``op`` (Average or Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the
     warm-up's gradient allreduce; ``backward_passes_per_step`` gradients simply accumulate between
-    steps. ``op=hvd.Adasum`` and a ``process_set`` other than the global one are rejected. Horovod's
-    deprecated ``num_groups`` (tensor fusion groups) is replaced by DS-Sync's ``num_groups``.
+    steps; ``groups`` (Horovod's fusion grouping) is accepted and has nothing to act on, since the whole
+    model is one grouped allreduce per step. ``op=hvd.Adasum`` and a ``process_set`` other than the global
+    one are rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is replaced by DS-Sync's
+    ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
         num_groups: groups per step (schedule "shuffle"); give this or ``group_size``.
@@ -439,5 +440,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         warnings.warn("overlap=True does nothing with one rank.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, plan, plan_arguments, model,
-               average_buffers, overlap)
+               gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model, average_buffers, overlap)
