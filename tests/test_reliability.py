@@ -167,6 +167,27 @@ def test_checkpoint_resume_is_bit_identical(launcher, tmp_path):
 
 
 @MULTIRANK
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_keras_killed_rank_stops_the_job(launcher):
+    started = time.monotonic()
+    output = run(launcher, 3, "reliability_keras.py", "kill", "--at", 10, timeout=150, expect_failure=True)
+    assert "rank 1: kill at step 10" in output, output
+    assert any(reason in output for reason in ("Connection reset by peer", "exited on signal 9",
+                                               "status code 137", "Horovod has been shut down")), output
+    assert time.monotonic() - started < 150
+
+
+@MULTIRANK
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_keras_checkpoint_resume_is_bit_identical(launcher, tmp_path):
+    """Keras: train 13 steps; or train 5, save the model (.keras), restart, dss.load_model, resume to 13."""
+    run(launcher, 3, "reliability_keras.py", "full", "--steps", 13, "--dir", tmp_path, timeout=200)
+    run(launcher, 3, "reliability_keras.py", "save", "--steps", 5, "--dir", tmp_path, timeout=200)
+    output = run(launcher, 3, "reliability_keras.py", "resume", "--steps", 13, "--dir", tmp_path, timeout=200)
+    assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
+
+
+@MULTIRANK
 def test_elastic_worker_removed_mid_run(tmp_path):
     """horovodrun elastic on localhost: 3 workers, the host file shrinks to 2 slots at step 8 of 30."""
     hosts = tmp_path / "hosts"
