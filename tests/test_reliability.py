@@ -143,12 +143,16 @@ def test_bad_inputs_raise_identically_before_any_communication(launcher, np):
     assert output.count("all checks passed") == np, output
 
 
+FRAMEWORKS = [pytest.param("reliability_train.py", id="torch"), pytest.param("reliability_keras.py", id="keras")]
+
+
 @MULTIRANK
+@pytest.mark.parametrize("worker", FRAMEWORKS)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_killed_rank_stops_the_job(launcher):
+def test_killed_rank_stops_the_job(launcher, worker):
     """Rank 1 is SIGKILLed at step 10 of an endless loop; the job must fail, not hang, and say why."""
     started = time.monotonic()
-    output = run(launcher, 3, "reliability_train.py", "kill", "--at", 10, timeout=150, expect_failure=True)
+    output = run(launcher, 3, worker, "kill", "--at", 10, timeout=150, expect_failure=True)
     elapsed = time.monotonic() - started
     assert "rank 1: kill at step 10" in output, output
     assert any(reason in output for reason in ("Connection reset by peer", "exited on signal 9",
@@ -157,33 +161,13 @@ def test_killed_rank_stops_the_job(launcher):
 
 
 @MULTIRANK
+@pytest.mark.parametrize("worker", FRAMEWORKS)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_checkpoint_resume_is_bit_identical(launcher, tmp_path):
+def test_checkpoint_resume_is_bit_identical(launcher, worker, tmp_path):
     """Train 13 steps; or train 5, save, restart the job, resume to 13: every rank's weights bit-equal."""
-    run(launcher, 3, "reliability_train.py", "full", "--steps", 13, "--dir", tmp_path, timeout=200)
-    run(launcher, 3, "reliability_train.py", "save", "--steps", 5, "--dir", tmp_path, timeout=200)
-    output = run(launcher, 3, "reliability_train.py", "resume", "--steps", 13, "--dir", tmp_path, timeout=200)
-    assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
-
-
-@MULTIRANK
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_keras_killed_rank_stops_the_job(launcher):
-    started = time.monotonic()
-    output = run(launcher, 3, "reliability_keras.py", "kill", "--at", 10, timeout=150, expect_failure=True)
-    assert "rank 1: kill at step 10" in output, output
-    assert any(reason in output for reason in ("Connection reset by peer", "exited on signal 9",
-                                               "status code 137", "Horovod has been shut down")), output
-    assert time.monotonic() - started < 150
-
-
-@MULTIRANK
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_keras_checkpoint_resume_is_bit_identical(launcher, tmp_path):
-    """Keras: train 13 steps; or train 5, save the model (.keras), restart, dss.load_model, resume to 13."""
-    run(launcher, 3, "reliability_keras.py", "full", "--steps", 13, "--dir", tmp_path, timeout=200)
-    run(launcher, 3, "reliability_keras.py", "save", "--steps", 5, "--dir", tmp_path, timeout=200)
-    output = run(launcher, 3, "reliability_keras.py", "resume", "--steps", 13, "--dir", tmp_path, timeout=200)
+    run(launcher, 3, worker, "full", "--steps", 13, "--dir", tmp_path, timeout=200)
+    run(launcher, 3, worker, "save", "--steps", 5, "--dir", tmp_path, timeout=200)
+    output = run(launcher, 3, worker, "resume", "--steps", 13, "--dir", tmp_path, timeout=200)
     assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
 
 
