@@ -118,7 +118,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._overlap = overlap
         self._registry = registry_for(hvd)
         self._generation = self._registry.refresh()
-        self._world_identity = (hvd.size(), hvd.rank())
         self._synchronized = False
         self._skip_synchronize = False
         self._pending = None
@@ -246,14 +245,18 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     # --- the mechanics ----------------------------------------------------------------------
 
     def _world_changed(self):
-        """Whether Horovod was re-initialized since this optimizer last looked; no communication."""
+        """Whether Horovod was re-initialized since this optimizer last looked; no communication.
+
+        The registry notices a new rank or world size, or sets gone from Horovod's table, and counts it
+        in its generation.
+        """
         try:
             generation = self._registry.refresh()
         except ValueError:  # Horovod's "not initialized": its process-set table is gone
             raise RuntimeError("hvd_dssync: Horovod is shut down, so this step cannot average: another rank "
                                "failed or exited early (its output says why), or hvd.shutdown() was called."
                                ) from None
-        return generation != self._generation or self._world_identity != (hvd.size(), hvd.rank())
+        return generation != self._generation
 
     def _join_world(self):
         """Take up the current world: every rank of it calls this at the same step (a collective).
@@ -264,7 +267,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """
         self._pending = None
         self._generation = self._registry.refresh()
-        self._world_identity = (hvd.size(), hvd.rank())
         self._world_check_pending = False
         arguments = _for_world(self._plan_arguments, hvd.size())
         self._plan = _make_plan(arguments)
