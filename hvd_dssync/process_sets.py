@@ -28,6 +28,13 @@ def enable_dynamic_process_sets():
     os.environ.setdefault(DYNAMIC_ENV, "1")
 
 
+def _horovod_table():
+    """Horovod's process-set table, ``{id: ranks}``, as this process sees it; no communication."""
+    from horovod.common import process_sets as common
+
+    return common._basics._get_process_set_ids_and_ranks()
+
+
 def registry_for(hvd):
     """The process's one registry for the Horovod module ``hvd``.
 
@@ -68,9 +75,7 @@ class ProcessSetRegistry:
         identity = (self.hvd.size(), self.hvd.rank())
         stale = self._identity is not None and identity != self._identity
         if not stale and self._sets:
-            from horovod.common import process_sets as common
-
-            table = common._basics._get_process_set_ids_and_ranks()
+            table = _horovod_table()
             stale = any(table.get(ps.process_set_id) != list(g) for g, ps in self._sets.items())
         if stale:
             self.reset()
@@ -84,7 +89,7 @@ class ProcessSetRegistry:
         from horovod.common import process_sets as common
 
         found = {}
-        for set_id, ranks in common._basics._get_process_set_ids_and_ranks().items():
+        for set_id, ranks in _horovod_table().items():
             if set_id != 0:
                 ps = common._temp_process_set_object(set_id)
                 ps.ranks = list(ranks)
