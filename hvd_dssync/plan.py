@@ -15,7 +15,7 @@ from .policy import BSP, GLOBAL, GROUP, Policy
 from .schedules import make_schedule
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "FINGERPRINT_FIELDS", "fingerprint",
-           "check_agreement", "check_horovod_arguments"]
+           "check_agreement", "check_horovod_arguments", "arguments_for_world"]
 
 
 class Action(NamedTuple):
@@ -99,6 +99,36 @@ class SyncPlan:
 
     def config(self):
         return {"schedule": self.schedule.config(), "policy": self.policy.config()}
+
+
+def arguments_for_world(arguments, world_size):
+    """The plan's arguments for a world of ``world_size`` ranks, after an elastic change of world.
+
+    ``arguments`` are the keyword arguments the optimizer built its plan with (those of
+    :class:`SyncPlan` but ``rank`` and ``world_size``); the same arguments are returned, with
+    ``num_groups`` and ``group_size`` capped at the new world size (a world that shrank below the requested
+    groups keeps as many as it can). A schedule object or a topology was built for a fixed set of ranks:
+    it raises a ``RuntimeError`` that names it. No communication; both adapters use it.
+
+    Example::
+
+        >>> arguments_for_world({"schedule": "shuffle", "num_groups": 3, "group_size": None}, 2)
+        {'schedule': 'shuffle', 'num_groups': 2, 'group_size': None}
+        >>> arguments_for_world({"schedule": "topology", "topology": [[0, 1], [2]]}, 2)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: hvd_dssync: the world changed to 2 ranks, but the schedule 'topology' was built ...
+    """
+    schedule = arguments.get("schedule", "shuffle")
+    if not isinstance(schedule, str) or schedule == "topology" or arguments.get("topology") is not None:
+        raise RuntimeError(f"hvd_dssync: the world changed to {world_size} ranks, but the schedule {schedule!r} "
+                           "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
+                           "'butterfly'.")
+    arguments = dict(arguments)
+    for key in ("num_groups", "group_size"):
+        if arguments.get(key) is not None:
+            arguments[key] = min(arguments[key], world_size)
+    return arguments
 
 
 def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set):

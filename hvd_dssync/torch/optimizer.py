@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, check_agreement, check_horovod_arguments, fingerprint,
-                    ring_allreduce_bytes)
+from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_world, check_agreement,
+                    check_horovod_arguments, fingerprint, ring_allreduce_bytes)
 from ..process_sets import registry_for
 from ..topology import loopback_hostname_warning
 
@@ -268,7 +268,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._pending = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
-        arguments = _for_world(self._plan_arguments, hvd.size())
+        arguments = arguments_for_world(self._plan_arguments, hvd.size())
         self._plan = _make_plan(arguments)
         self.sync_step = self._check_ranks_agree(with_step=True)
 
@@ -342,21 +342,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
 def _make_plan(arguments):
     return SyncPlan(hvd.rank(), hvd.size(), **arguments)
-
-
-def _for_world(arguments, size):
-    """The plan's arguments for a world of ``size`` ranks, after an elastic change of world."""
-    schedule = arguments["schedule"]
-    if not isinstance(schedule, str) or arguments["topology"] is not None:
-        raise RuntimeError(f"hvd_dssync: the world changed to {size} ranks, but the schedule {schedule!r} "
-                           "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
-                           "'butterfly'.")
-    arguments = dict(arguments)
-    # A world that shrank below the requested groups keeps as many as it can.
-    for key in ("num_groups", "group_size"):
-        if arguments[key] is not None:
-            arguments[key] = min(arguments[key], size)
-    return arguments
 
 
 def _portable(arguments):
