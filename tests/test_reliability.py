@@ -197,3 +197,59 @@ def test_elastic_worker_removed_mid_run(tmp_path):
     assert proc.returncode == 0, output
     for rank in (0, 1):
         assert f"rank {rank}: sizes [3, 2], finished at step 30 in a world of 2" in output, output
+
+
+def _keras_elastic_job(tmp_path, first_hosts, np, min_np, max_np, new_hosts, *worker_args, timeout=300):
+    """horovodrun elastic on localhost running tests/workers/keras_elastic.py; returns (exit code, output)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(first_hosts + "\n")
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discovery.chmod(0o755)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+           "--host-discovery-script", str(discovery), "--network-interface", "lo", "--gloo-timeout-seconds", "60",
+           sys.executable, os.path.join(WORKERS, "keras_elastic.py"), str(hosts), *map(str, worker_args),
+           new_hosts]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=job_env("gloo"), start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"Keras elastic job hung past {timeout}s; output:\n{output}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output
+
+
+@MULTIRANK
+def test_keras_elastic_worker_removed_mid_run(tmp_path):
+    """Keras model.fit under hvd.elastic.run with dss.elastic.KerasState: 3 workers, 2 from epoch 4 of 12."""
+    code, output = _keras_elastic_job(tmp_path, "localhost:3", 3, 2, 3, "localhost:2", 12, 4)
+    assert code == 0, output
+    for rank in (0, 1):
+        assert f"rank {rank}: sizes [3, 2], finished at step 24 in a world of 2, last group [0, 1] averaged, " \
+               "consensus distance 0.0" in output, output
+
+
+@MULTIRANK
+def test_keras_elastic_worker_added_mid_run(tmp_path):
+    """2 workers, 3 from epoch 4 of 12: the newcomer builds without communicating, takes rank 0's step."""
+    code, output = _keras_elastic_job(tmp_path, "localhost:2", 2, 2, 3, "localhost:3", 12, 4)
+    assert code == 0, output
+    for rank in (0, 1, 2):
+        assert f"rank {rank}: sizes " in output and "finished at step 24 in a world of 3" in output, output
+    assert output.count("sizes [2, 3], finished at step 24 in a world of 3") == 2, output
+    assert output.count("sizes [3], finished at step 24 in a world of 3") == 1, output
+
+
+@MULTIRANK
+def test_keras_elastic_stale_step_fails_clearly(tmp_path):
+    """With Horovod's own KerasState the step traced for 3 workers is not retraced: it must stop, with the reason."""
+    code, output = _keras_elastic_job(tmp_path, "localhost:3", 3, 2, 3, "localhost:2", 12, 4, "--state", "horovod",
+                                      timeout=200)
+    assert code != 0, output
+    assert "the stale step stopped with hvd_dssync's error" in output, output

@@ -18,10 +18,10 @@ from ..process_sets import enable_dynamic_process_sets
 
 enable_dynamic_process_sets()
 
-from . import callbacks  # noqa: E402
+from . import callbacks, elastic  # noqa: E402
 from .functions import consensus_distance, job_topology, load_model, synchronize_models  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 from .sync import ModelAverager  # noqa: E402
 
-__all__ = ["DistributedOptimizer", "ModelAverager", "callbacks", "synchronize_models", "consensus_distance",
-           "load_model", "job_topology"]
+__all__ = ["DistributedOptimizer", "ModelAverager", "callbacks", "elastic", "synchronize_models",
+           "consensus_distance", "load_model", "job_topology"]

@@ -6,6 +6,10 @@ counts the step in ``iterations``; then the model (trainable variables and float
 non-trainable ones such as BatchNorm statistics) is averaged inside the group the schedule gives this
 rank for the step. The group is chosen in the graph from the step tensor (see :mod:`.sync`), so one
 traced ``train_function`` follows the schedule step after step.
+
+Elastic Horovod: under ``hvd.elastic.run`` the ranks check their agreement and register the process sets
+when the step is first traced, not at construction; ``hvd_dssync.keras.elastic.KerasState`` rebuilds the
+schedule for a new world and drops the traced ``train_function`` (see :mod:`.elastic`).
 """
 import sys
 import weakref
@@ -14,7 +18,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..plan import check_horovod_arguments
-from .sync import StepSync, make_plan
+from .sync import StepSync, _elastic, make_plan
 
 __all__ = ["DistributedOptimizer"]
 
@@ -28,7 +32,14 @@ class _DSSyncOptimizer:
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = average_non_trainable
         self._dssync_local_vars = set()
-        self._dssync_connect(model, options)
+        shapes = None
+        if model is not None and model.built:
+            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
+        self._dssync_fingerprint = (shapes, options)
+        if not _elastic():
+            # Under elastic Horovod a joining worker builds its optimizer while the others sync state, so
+            # no collective may run here: the first trace of the step connects instead (apply_gradients).
+            self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
 
     @property
     def schedule(self):
@@ -53,6 +64,7 @@ class _DSSyncOptimizer:
         if not grads_and_vars:
             return super(self.__class__, self).apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = (list(x) for x in zip(*grads_and_vars))
+        self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
         step = tf.identity(self.iterations)
         shared = [i for i, v in enumerate(variables) if v.ref() not in self._dssync_local_vars]
         reduced = self._dssync.gradients([grads[i] for i in shared], step)
@@ -72,11 +84,9 @@ class _DSSyncOptimizer:
                          if v.dtype.is_floating and v.ref() not in seen]
         return averaged
 
-    def _dssync_connect(self, model, options):
-        shapes = None
-        if model is not None and model.built:
-            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
-        self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", shapes, options)
+    def _dssync_new_world(self):
+        """Rebuild the schedule for Horovod's current world (after an elastic reset); no communication."""
+        self._dssync.rebuild()
 
 
 def _calling_model(optimizer):
@@ -158,12 +168,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          "use a larger batch instead.")
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
-    plan = make_plan(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                      schedule_options=schedule_options)
     op_name = name or f"DSSync{type(optimizer).__name__}"
-    sync = StepSync(plan, compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                    sparse_as_dense=sparse_as_dense, device_dense=device_dense, name=op_name)
+    sync = StepSync(make_plan(**arguments), compression=compression, op=op,
+                    gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+                    device_dense=device_dense, name=op_name, arguments=arguments)
     methods = {k: v for k, v in _DSSyncOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     # The wrapped class's module and name, so a saved model names the plain optimizer (as Horovod's).
     methods["__module__"] = optimizer.__class__.__module__

@@ -6,15 +6,23 @@ traced graph holds one branch per distinct group of this rank, and ``tf.switch_c
 from the step tensor at run time. The branch of every step comes from a table filled by
 :meth:`SyncPlan.action` in Python, so the graph and the PyTorch adapter follow the same schedule and
 policy code.
+
+Elastic Horovod (``HOROVOD_ELASTIC=1``): a worker that joins builds its optimizer while the others are
+inside ``hvd.elastic.run``'s state sync, so nothing communicates at construction; the agreement check and
+the registration run eagerly (``tf.init_scope``) when the step is first traced, where every rank is at the
+same point. After Horovod is re-initialized for a new world, the next trace rebuilds the plan for the new
+world size (same arguments, same op names) and connects again; a graph traced for the old world fails
+with a clear error instead of using process sets that no longer exist.
 """
 import itertools
 import math
+import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, SyncPlan, check_agreement, fingerprint
+from ..plan import BSP, GLOBAL, SyncPlan, arguments_for_world, check_agreement, fingerprint
 from ..process_sets import registry_for
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -26,6 +34,13 @@ _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
 _instances = itertools.count()
+
+ELASTIC_ENV = "HOROVOD_ELASTIC"
+
+
+def _elastic():
+    """Whether this process is a worker of an elastic Horovod job (horovodrun sets the variable)."""
+    return os.environ.get(ELASTIC_ENV) == "1"
 
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
@@ -57,21 +72,31 @@ class StepSync:
     """This rank's DS-Sync communication for a step given as a tensor; used inside ``tf.function``.
 
     :meth:`connect` checks that the ranks agree and registers the schedule's process sets (collectives:
-    build and connect it on every rank, in the same order). :meth:`gradients` averages gradients over
-    all ranks in bulk-synchronous steps; :meth:`average` averages variables inside the step's group (or
-    over all ranks).
+    build and connect it on every rank, in the same order); :meth:`ensure_connected` does it once per
+    Horovod world, at trace time, rebuilding the plan first if the world changed. :meth:`gradients`
+    averages gradients over all ranks in bulk-synchronous steps; :meth:`average` averages variables inside
+    the step's group (or over all ranks).
+
+    ``arguments`` are :func:`make_plan`'s keyword arguments, kept to rebuild the plan for a new world.
     """
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, device_dense="", name="DSSync"):
-        self.plan = plan
+                 sparse_as_dense=False, device_dense="", name="DSSync", arguments=None):
         self.compression = compression
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.device_dense = device_dense
+        self.arguments = arguments
+        # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
+        # fresh, and its op names must equal the survivors'.
         self.name = f"{name}_{next(_instances)}"
         self._registry = registry_for(hvd)
+        self._generation = None  # the registry's generation when this rank last connected; None: not yet
+        self._use(plan)
+
+    def _use(self, plan):
+        self.plan = plan
         self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
                                      if plan.rank in g and 1 < len(g) < plan.world_size}))
         self._table = self._branch_table()
@@ -83,11 +108,58 @@ class StepSync:
         """
         mine = fingerprint({"world size": self.plan.world_size, "schedule": self.plan.schedule.config(),
                             "policy": self.plan.policy.config(), "parameters": parameters, "options": options})
+        generation = self._registry.refresh()
         gathered = hvd.allgather(tf.constant(mine[None, :]), name=f"{self.name}_fingerprint")
         check_agreement(gathered.numpy(), what=what)
         if self.plan.world_size > 1:
             acquire, _ = self.plan.window_change(0)
             self._registry.acquire(acquire)
+        self._generation = generation
+
+    def ensure_connected(self, what, parameters=None, options=None):
+        """:meth:`connect` once per Horovod world; call it where every rank is at the same point.
+
+        Runs eagerly even while a step is traced (``tf.init_scope``). Without communication it notices a
+        re-initialized Horovod (the registry's generation) and rebuilds the plan for the new world first.
+        """
+        with tf.init_scope():
+            generation = self._registry.refresh()
+            if generation == self._generation:
+                return
+            if self._generation is not None or (self.plan.world_size, self.plan.rank) != (hvd.size(), hvd.rank()):
+                self.rebuild()
+            self.connect(what, parameters, options)
+
+    def rebuild(self):
+        """The plan of the current Horovod world, from the same arguments; keeps the op names. No communication.
+
+        ``num_groups``/``group_size`` are capped at the new world size (:func:`arguments_for_world`); a
+        schedule object or a topology raises a ``RuntimeError``. The next :meth:`ensure_connected` connects.
+        """
+        if self.plan.world_size == hvd.size() and self.plan.rank == hvd.rank() and self._generation is None:
+            return
+        if self.arguments is None:
+            raise RuntimeError("hvd_dssync: the Horovod world changed, and this DS-Sync object was built without "
+                               "its arguments, so it cannot rebuild its schedule.")
+        self._use(make_plan(**arguments_for_world(self.arguments, hvd.size())))
+        self._generation = None
+
+    def world_check(self):
+        """Under elastic Horovod, ops that fail if Horovod's world is no longer the one this was traced for.
+
+        Horovod fixes the process sets of a traced graph; run in another world it would hang or average
+        with the wrong ranks. Two scalar ops per step (``hvd.size_op``, ``hvd.rank_op``); none outside elastic.
+        """
+        if not _elastic():
+            return []
+        size, rank = hvd.size_op(), hvd.rank_op()
+        same = tf.logical_and(tf.equal(size, self.plan.world_size), tf.equal(rank, self.plan.rank))
+        message = (f"hvd_dssync: this step was traced for a Horovod world of {self.plan.world_size} ranks "
+                   f"(as rank {self.plan.rank}), but Horovod was re-initialized since (elastic reset); its "
+                   "process sets are gone. Use hvd_dssync.keras.elastic.KerasState instead of "
+                   "hvd.elastic.KerasState (it retraces the step), or set model.train_function = None in a "
+                   "reset callback. Horovod's world size and this rank now:")
+        return [tf.debugging.Assert(same, [message, size, rank], name=f"{self.name}_world_check")]
 
     def _branch_of(self, step):
         action = self.plan.action(step)
@@ -122,6 +194,7 @@ class StepSync:
         """
         if self.plan.policy.warmup_steps == 0 or self.plan.world_size == 1:
             return list(grads)
+        check = self.world_check()
         present = [i for i, g in enumerate(grads) if g is not None]
         dense = []
         for i in present:
@@ -130,6 +203,9 @@ class StepSync:
                 if not self.sparse_as_dense:
                     raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
                 g = tf.convert_to_tensor(g)
+            if check:
+                with tf.control_dependencies(check):
+                    g = tf.identity(g)
             dense.append(g)
         if not dense:
             return list(grads)
@@ -154,9 +230,11 @@ class StepSync:
     def average(self, variables, step):
         """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
         variables = list(variables)
+        check = self.world_check()
         if self.plan.world_size == 1 or not variables or not self._table.any():
-            return tf.no_op()
-        values = [tf.identity(v) for v in variables]
+            return tf.group(*check)
+        with tf.control_dependencies(check):
+            values = [tf.identity(v) for v in variables]
         branches = [lambda: [tf.identity(v) for v in values],
                     lambda: self._allreduce(values, hvd.global_process_set, "global")]
         for group in self._groups:
@@ -201,11 +279,13 @@ class ModelAverager(tf.Module):
                  warmup_steps=0, global_every=0, schedule_options=None, compression=hvd.Compression.none,
                  name="DSSyncAverager"):
         super().__init__(name=name)
-        plan = make_plan(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+        arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                          topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                          schedule_options=schedule_options)
-        self._sync = StepSync(plan, compression=compression, name=name)
-        self._sync.connect("hvd_dssync.keras.ModelAverager", options=[type(compression).__name__])
+        self._sync = StepSync(make_plan(**arguments), compression=compression, name=name, arguments=arguments)
+        self._options = [type(compression).__name__]
+        if not _elastic():  # under elastic Horovod, at the first trace instead (see the module's docstring)
+            self._sync.connect("hvd_dssync.keras.ModelAverager", options=self._options)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     @property
@@ -218,11 +298,13 @@ class ModelAverager(tf.Module):
 
     def gradients(self, grads):
         """The gradients averaged over all ranks in a warm-up step, else unchanged."""
+        self._sync.ensure_connected("hvd_dssync.keras.ModelAverager", options=self._options)
         return self._sync.gradients(list(grads), self.step)
 
     def __call__(self, variables):
         """Average the floating-point ``variables`` inside this step's group, then count the step."""
         variables = [v for v in variables if v.dtype.is_floating]
+        self._sync.ensure_connected("hvd_dssync.keras.ModelAverager", options=self._options)
         step = self.step.read_value()
         with tf.control_dependencies([self._sync.average(variables, step)]):
             return self.step.assign_add(1)
