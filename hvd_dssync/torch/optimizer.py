@@ -26,6 +26,7 @@ from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_wor
                     check_horovod_arguments, fingerprint, ring_allreduce_bytes)
 from ..process_sets import registry_for
 from ..topology import loopback_hostname_warning
+from ..watchdog import process_watchdog
 
 __all__ = ["DistributedOptimizer"]
 
@@ -129,6 +130,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._watchdog = process_watchdog(hvd.shutdown)
         if not self._world_check_pending:
             self._check_ranks_agree()
         _watch_until_exit(self)
@@ -207,7 +209,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             return
         handle, sent, received, action, started, nbytes = self._pending
         self._pending = None
-        hvd.synchronize(handle)
+        with self._bounded(action, self.sync_step - 1):
+            hvd.synchronize(handle)
         with torch.no_grad():
             for (_, tensor), before, averaged in zip(self._averaged, sent, received):
                 tensor.add_(averaged - before)
@@ -295,13 +298,14 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._pending = (handle, sent, received, action, started, sent_bytes)
             return
         compressed, contexts = zip(*(self._compression.compress(t) for t in tensors))
-        if all(c is t for c, t in zip(compressed, tensors)):
-            hvd.grouped_allreduce_(list(tensors), name=name, op=hvd.Average, process_set=process_set)
-        else:
-            averaged = hvd.grouped_allreduce(list(compressed), name=name, op=hvd.Average,
-                                             process_set=process_set)
-            for t, a, ctx in zip(tensors, averaged, contexts):
-                t.copy_(self._compression.decompress(a, ctx))
+        with self._bounded(action, self.sync_step):
+            if all(c is t for c, t in zip(compressed, tensors)):
+                hvd.grouped_allreduce_(list(tensors), name=name, op=hvd.Average, process_set=process_set)
+            else:
+                averaged = hvd.grouped_allreduce(list(compressed), name=name, op=hvd.Average,
+                                                 process_set=process_set)
+                for t, a, ctx in zip(tensors, averaged, contexts):
+                    t.copy_(self._compression.decompress(a, ctx))
         self._record(action, time.perf_counter() - started, sent_bytes)
 
     def _allreduce_gradients(self, grads):
@@ -311,10 +315,25 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             prescale = 1.0 / self._gradient_predivide_factor
             postscale = self._gradient_predivide_factor
         compressed, contexts = zip(*(self._compression.compress(g) for g in grads))
-        reduced = hvd.grouped_allreduce(list(compressed), name="dssync.bsp", op=op, prescale_factor=prescale,
-                                        postscale_factor=postscale)
+        with self._bounded(self._plan.action(self.sync_step), self.sync_step):
+            reduced = hvd.grouped_allreduce(list(compressed), name="dssync.bsp", op=op,
+                                            prescale_factor=prescale, postscale_factor=postscale)
         for g, r, ctx in zip(grads, reduced, contexts):
             g.copy_(self._compression.decompress(r, ctx))
+
+    @contextlib.contextmanager
+    def _bounded(self, action, step):
+        """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""
+        peers = [r for r in action.group if r != hvd.rank()]
+        what = f"rank {hvd.rank()} waits for ranks {peers} to average at step {step} ({action.kind})"
+        try:
+            with self._watchdog.watching(what):
+                yield
+        except Exception as e:  # Horovod's error after the watchdog shut it down: say why instead
+            if self._watchdog.expired is None:
+                raise
+            self._watchdog.wait_for_shutdown()
+            raise RuntimeError(self._watchdog.expired) from e
 
     def _record(self, action, seconds, nbytes):
         self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": action.group,

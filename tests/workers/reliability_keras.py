@@ -2,6 +2,7 @@
 
 Modes, as ``reliability_train.py`` (the PyTorch one):
 - ``kill --at K``: rank 1 kills itself (SIGKILL) at step K; the others train on until Horovod fails them.
+- ``stall --at K``: rank 1 stops calling Horovod at step K (alive, but silent).
 - ``full --steps N --dir D``: train N steps, save each rank's weights at the end.
 - ``save --steps K --dir D``: train K steps, save each rank's whole model with its optimizer (.keras).
 - ``resume --steps N --dir D``: load it with ``dss.load_model``, train on to step N, compare bit for bit
@@ -12,6 +13,7 @@ Each rank's batch at step t is drawn from a generator seeded by (rank, t).
 import argparse
 import os
 import signal
+import time
 
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
@@ -44,9 +46,11 @@ def batch(step):
 
 def train(model, first, last):
     for step in range(first, last):
-        if ARGS.mode == "kill" and step == ARGS.at and hvd.rank() == 1:
-            print(f"rank 1: kill at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if ARGS.mode in ("kill", "stall") and step == ARGS.at and hvd.rank() == 1:
+            print(f"rank 1: {ARGS.mode} at step {step}", flush=True)
+            if ARGS.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
         model.train_on_batch(*batch(step))
 
 
@@ -56,7 +60,7 @@ def path(what):
 
 def main():
     hvd.init()
-    if ARGS.mode == "kill":
+    if ARGS.mode in ("kill", "stall"):
         train(build(), 0, 10_000)
     elif ARGS.mode == "full":
         model = build()
@@ -82,7 +86,7 @@ def main():
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("kill", "full", "save", "resume"))
+    parser.add_argument("mode", choices=("kill", "stall", "full", "save", "resume"))
     parser.add_argument("--at", type=int, default=10)
     parser.add_argument("--steps", type=int, default=13)
     parser.add_argument("--dir", default=".")

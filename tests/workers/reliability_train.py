@@ -45,6 +45,21 @@ def train_step(model, opt, step):
     opt.step()
 
 
+def refuse_other_configuration(state):
+    """A checkpoint from another schedule must not load silently into this one (same world size)."""
+    model = torch.nn.Linear(6, 1)
+    other = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters(), model=model,
+                                     **dict(OPTIONS, num_groups=min(2, hvd.size()), seed=OPTIONS["seed"] + 1))
+    try:
+        other.load_state_dict(state)
+    except ValueError as e:
+        if "the checkpoint's DS-Sync configuration" not in str(e) or "'seed': 12" not in str(e):
+            raise
+    else:
+        raise AssertionError("a checkpoint saved with seed 11 loaded into an optimizer with seed 12")
+
+
 def path(directory, what):
     return os.path.join(directory, f"{what}.rank{hvd.rank()}.pt")
 
@@ -82,6 +97,7 @@ def main():
     start = 0
     if args.mode == "resume":
         checkpoint = torch.load(path(args.dir, "checkpoint"))
+        refuse_other_configuration(checkpoint["optimizer"])
         model.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["optimizer"])
         start = opt.sync_step
