@@ -17,14 +17,20 @@ import sys
 import threading
 import time
 
-__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env", "process_watchdog"]
+__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env"]
 
 TIMEOUT_ENV = "HVD_DSSYNC_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
 
 
 def timeout_from_env():
-    """``HVD_DSSYNC_TIMEOUT`` in seconds (``None``: wait forever); a clear error if it is not a number."""
+    """``HVD_DSSYNC_TIMEOUT`` in seconds (``None``: wait forever); a clear error if it is not a number.
+
+    Example::
+
+        os.environ["HVD_DSSYNC_TIMEOUT"] = "600"   # on every rank, before the optimizer is built
+        timeout_from_env()                          # 600.0
+    """
     text = os.environ.get(TIMEOUT_ENV, "")
     try:
         seconds = float(text) if text.strip() else DEFAULT_TIMEOUT
@@ -78,7 +84,6 @@ class Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name="hvd_dssync-watchdog", daemon=True)
                 self._thread.start()
-            self._condition.notify()
         return token
 
     def disarm(self, token):
@@ -101,7 +106,9 @@ class Watchdog:
         with self._condition:
             while self.expired is None:
                 if not self._armed:
-                    self._condition.wait()
+                    # A wait armed from now on expires after this one ends: no need to wake the thread per
+                    # arm, which would cost a context switch per training step.
+                    self._condition.wait(self.timeout)
                     continue
                 deadline, what = min(self._armed.values(), key=lambda item: item[0])
                 left = deadline - time.monotonic()

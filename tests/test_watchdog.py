@@ -72,7 +72,7 @@ def test_bad_timeout_is_named(monkeypatch, value):
         timeout_from_env()
 
 
-FRAMEWORKS = [pytest.param("reliability_train.py", id="torch")]
+FRAMEWORKS = [pytest.param("reliability_train.py", id="torch"), pytest.param("reliability_keras.py", id="keras")]
 
 
 @pytest.mark.multirank

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from ..plan import BSP, GLOBAL, SyncPlan, arguments_for_world, check_agreement, fingerprint
 from ..process_sets import registry_for
+from ..watchdog import process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
 
@@ -92,6 +93,7 @@ class StepSync:
         # fresh, and its op names must equal the survivors'.
         self.name = f"{name}_{next(_instances)}"
         self._registry = registry_for(hvd)
+        self._watchdog = process_watchdog(hvd.shutdown)
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         self._use(plan)
 
@@ -220,8 +222,17 @@ class StepSync:
                                          device_dense=self.device_dense, ignore_name_scope=True,
                                          name=f"{self.name}_bsp")
 
-        reduced = tf.cond(tf.cast(step, tf.int64) < self.plan.policy.warmup_steps, allreduce,
-                          lambda: [tf.identity(g) for g in dense])
+        bsp = tf.cast(step, tf.int64) < self.plan.policy.warmup_steps
+        token = self._arm(tf.where(bsp, _GLOBAL, _KEEP), step, "bsp")
+        if token is not None:
+            with tf.control_dependencies([token]):
+                dense = [tf.identity(g) for g in dense]
+        reduced = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense])
+        if token is not None:
+            with tf.control_dependencies(reduced):
+                done = self._disarm(token)
+            with tf.control_dependencies([done]):
+                reduced = [tf.identity(g) for g in reduced]
         out = list(grads)
         for i, g in zip(present, reduced):
             out[i] = g
@@ -233,14 +244,54 @@ class StepSync:
         check = self.world_check()
         if self.plan.world_size == 1 or not variables or not self._table.any():
             return tf.group(*check)
-        with tf.control_dependencies(check):
+        branch = self.branch(step)
+        token = self._arm(branch, step, "group")
+        with tf.control_dependencies(check + ([] if token is None else [token])):
             values = [tf.identity(v) for v in variables]
         branches = [lambda: [tf.identity(v) for v in values],
                     lambda: self._allreduce(values, hvd.global_process_set, "global")]
         for group in self._groups:
             branches.append(lambda g=group: self._allreduce(values, self._registry.get(g), "group"))
-        averaged = tf.switch_case(self.branch(step), branches, name=f"{self.name}_switch")
-        return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
+        averaged = tf.switch_case(branch, branches, name=f"{self.name}_switch")
+        assigned = tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
+        if token is None:
+            return assigned
+        with tf.control_dependencies([assigned]):
+            return self._disarm(token)
+
+    def _arm(self, branch, step, kind):
+        """An op arming the process's watchdog while ``branch`` communicates (see :mod:`hvd_dssync.watchdog`).
+
+        Returns its token tensor, or ``None`` when the watchdog is off (``HVD_DSSYNC_TIMEOUT=0``). One Python
+        call per step; the branch's group is resolved here, at trace time.
+        """
+        if self._watchdog.timeout is None:
+            return None
+        rank, world = self.plan.rank, tuple(range(self.plan.world_size))
+        groups = {_GLOBAL: world, **{_FIRST_GROUP + i: g for i, g in enumerate(self._groups)}}
+        watchdog = self._watchdog
+
+        def arm(branch, step):
+            group = groups.get(int(branch))
+            if group is None:
+                return np.int64(-1)
+            kind_now = "global" if kind == "group" and group == world else kind
+            peers = [r for r in group if r != rank]
+            token = watchdog.arm(f"rank {rank} waits for ranks {peers} to average at step {int(step)} ({kind_now})")
+            return np.int64(-1 if token is None else token)
+
+        return tf.numpy_function(arm, [branch, tf.cast(step, tf.int64)], tf.int64, stateful=True,
+                                 name=f"{self.name}_arm")
+
+    def _disarm(self, token):
+        watchdog = self._watchdog
+
+        def disarm(token):
+            if token >= 0:
+                watchdog.disarm(int(token))
+            return np.int64(0)
+
+        return tf.numpy_function(disarm, [token], tf.int64, stateful=True, name=f"{self.name}_disarm")
 
     def _allreduce(self, values, process_set, kind):
         return hvd.grouped_allreduce(values, op=hvd.Average, compression=self.compression,
