@@ -171,36 +171,12 @@ def test_checkpoint_resume_is_bit_identical(launcher, worker, tmp_path):
     assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
 
 
-@MULTIRANK
-def test_elastic_worker_removed_mid_run(tmp_path):
-    """horovodrun elastic on localhost: 3 workers, the host file shrinks to 2 slots at step 8 of 30."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:3\n")
-    discovery = tmp_path / "discover.sh"
-    discovery.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discovery.chmod(0o755)
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    cmd = [horovodrun, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discovery),
-           "--network-interface", "lo", "--gloo-timeout-seconds", "60", sys.executable,
-           os.path.join(WORKERS, "reliability_elastic.py"), str(hosts), "30", "8", "localhost:2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env=job_env("gloo"), start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"elastic job hung past 240s; output:\n{output}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, output
-    for rank in (0, 1):
-        assert f"rank {rank}: sizes [3, 2], finished at step 30 in a world of 2" in output, output
+def _elastic_job(tmp_path, worker, first_hosts, np, min_np, max_np, *worker_args, timeout=300):
+    """horovodrun elastic on localhost with a discovery script reading a host file the worker rewrites.
 
-
-def _keras_elastic_job(tmp_path, first_hosts, np, min_np, max_np, new_hosts, *worker_args, timeout=300):
-    """horovodrun elastic on localhost running tests/workers/keras_elastic.py; returns (exit code, output)."""
+    Runs ``tests/workers/<worker> HOSTFILE *worker_args``; returns (exit code, output). The job is killed
+    with its whole process group past ``timeout`` seconds.
+    """
     hosts = tmp_path / "hosts"
     hosts.write_text(first_hosts + "\n")
     discovery = tmp_path / "discover.sh"
@@ -209,8 +185,7 @@ def _keras_elastic_job(tmp_path, first_hosts, np, min_np, max_np, new_hosts, *wo
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [horovodrun, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", str(discovery), "--network-interface", "lo", "--gloo-timeout-seconds", "60",
-           sys.executable, os.path.join(WORKERS, "keras_elastic.py"), str(hosts), *map(str, worker_args),
-           new_hosts]
+           sys.executable, os.path.join(WORKERS, worker), str(hosts), *map(str, worker_args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=job_env("gloo"), start_new_session=True)
     try:
@@ -218,11 +193,36 @@ def _keras_elastic_job(tmp_path, first_hosts, np, min_np, max_np, new_hosts, *wo
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"Keras elastic job hung past {timeout}s; output:\n{output}")
+        pytest.fail(f"elastic job {worker} hung past {timeout}s; output:\n{output}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, output
+
+
+@MULTIRANK
+def test_elastic_worker_removed_mid_run(tmp_path):
+    """hvd.elastic.run with TorchState: 3 workers, the host file shrinks to 2 slots at step 8 of 30."""
+    code, output = _elastic_job(tmp_path, "reliability_elastic.py", "localhost:3", 3, 2, 3, 30, 8, "localhost:2")
+    assert code == 0, output
+    for rank in (0, 1):
+        assert f"rank {rank}: sizes [3, 2], finished at step 30 in a world of 2" in output, output
+
+
+@MULTIRANK
+def test_elastic_worker_added_mid_run(tmp_path):
+    """2 workers, 3 from step 8 of 30: the newcomer builds without communicating and takes rank 0's step."""
+    code, output = _elastic_job(tmp_path, "reliability_elastic.py", "localhost:2", 2, 2, 3, 30, 8, "localhost:3")
+    assert code == 0, output
+    assert output.count("sizes [2, 3], finished at step 30 in a world of 3") == 2, output
+    assert output.count("sizes [3], finished at step 30 in a world of 3") == 1, output
+
+
+def _keras_elastic_job(tmp_path, first_hosts, np, min_np, max_np, new_hosts, epochs, change_at, *options,
+                       timeout=300):
+    """The Keras worker: ``keras_elastic.py HOSTFILE EPOCHS CHANGE_AT NEW_HOSTS [--state ...]``."""
+    return _elastic_job(tmp_path, "keras_elastic.py", first_hosts, np, min_np, max_np, epochs, change_at, new_hosts,
+                        *options, timeout=timeout)
 
 
 @MULTIRANK

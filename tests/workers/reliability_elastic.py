@@ -1,8 +1,9 @@
 """One worker of the elastic job (horovodrun --host-discovery-script): DS-Sync under hvd.elastic.run.
 
-Rank 0 shrinks the host file at step ``--shrink-at``; the discovery script reads it, Horovod removes a
-worker, and the survivors must train on with process sets rebuilt for the smaller world and the schedule
-continued from its step. Usage: reliability_elastic.py HOSTFILE STEPS SHRINK_AT NEW_HOSTS.
+At step CHANGE_AT rank 0 rewrites the host file to NEW_HOSTS (once); the discovery script reads it and
+Horovod removes or adds a worker. Every worker must train on with process sets rebuilt for the new world
+and the schedule continued from its step (a newcomer's is rank 0's). Usage:
+reliability_elastic.py HOSTFILE STEPS CHANGE_AT NEW_HOSTS.
 """
 import sys
 import time
@@ -11,7 +12,7 @@ import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
 
-HOSTFILE, STEPS, SHRINK_AT, NEW_HOSTS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+HOSTFILE, STEPS, CHANGE_AT, NEW_HOSTS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 hvd.init()
 torch.manual_seed(0)
@@ -27,9 +28,12 @@ def train(state):
     while state.step < STEPS:
         if hvd.size() not in sizes_seen:
             sizes_seen.append(hvd.size())
-        if state.step == SHRINK_AT and hvd.rank() == 0 and hvd.size() > 2:
-            with open(HOSTFILE, "w") as f:
-                f.write(NEW_HOSTS + "\n")
+        if state.step == CHANGE_AT and hvd.rank() == 0:
+            with open(HOSTFILE) as f:
+                changed = f.read().strip() == NEW_HOSTS
+            if not changed:
+                with open(HOSTFILE, "w") as f:
+                    f.write(NEW_HOSTS + "\n")
         generator = torch.Generator().manual_seed(100 * hvd.rank() + state.step)
         x = torch.randn(8, 4, generator=generator)
         state.optimizer.zero_grad()
