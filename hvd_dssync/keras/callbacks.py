@@ -63,24 +63,33 @@ class ConsensusDistanceCallback(tf.keras.callbacks.Callback):
 
 
 class SyncStatsCallback(tf.keras.callbacks.Callback):
-    """Report the bytes this rank sent to synchronize during each epoch as ``logs["dssync_bytes_sent"]``.
+    """Report this rank's synchronization in each epoch: bytes sent and seconds spent, in the epoch's logs.
 
-    Counted from the schedule: a step's allreduce over a group of ``k`` ranks sends ``2 (k - 1) / k`` of
-    the averaged bytes (ring allreduce), gradients in warm-up steps, the model otherwise. The steps run
-    in the graph, so their time is not measured here (the PyTorch adapter's ``opt.last_sync`` has it).
+    ``logs["dssync_bytes_sent"]`` is counted from the schedule: a step's allreduce over a group of ``k``
+    ranks sends ``2 (k - 1) / k`` of the averaged bytes (ring allreduce), gradients in warm-up steps, the
+    model otherwise. ``logs["dssync_sync_seconds"]`` is the wall time from the start of each step's
+    allreduce to the end of its assignment, taken in the traced step (waiting for slower group members
+    included), as the PyTorch adapter's ``opt.last_sync["seconds"]``.
+
+    Args:
+        key: the log key of the bytes.
+        seconds_key: the log key of the seconds.
 
     Example::
 
         model.fit(x, y, callbacks=[dss.callbacks.SyncStatsCallback()])
     """
 
-    def __init__(self, key="dssync_bytes_sent"):
+    def __init__(self, key="dssync_bytes_sent", seconds_key="dssync_sync_seconds"):
         super().__init__()
         self.key = key
+        self.seconds_key = seconds_key
         self._first_step = 0
+        self._first_seconds = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._first_step = self.model.optimizer.sync_step
+        self._first_seconds = self.model.optimizer._dssync.sync_seconds
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -96,6 +105,7 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
             action = plan.action(step)
             sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
         logs[self.key] = sent
+        logs[self.seconds_key] = optimizer._dssync.sync_seconds - self._first_seconds
 
 
 def _nbytes(variables):

@@ -52,9 +52,6 @@ class KerasState(hvd_elastic.KerasState):
         train(state)
     """
 
-    def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer, **kwargs)
-
     def reset(self):
         super().reset()
         for optimizer in _dssync_optimizers(self.optimizer, getattr(self.model, "optimizer", None)):

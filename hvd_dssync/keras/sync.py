@@ -17,6 +17,7 @@ with a clear error instead of using process sets that no longer exist.
 import itertools
 import math
 import os
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -94,6 +95,8 @@ class StepSync:
         self.name = f"{name}_{next(_instances)}"
         self._registry = registry_for(hvd)
         self._watchdog = process_watchdog(hvd.shutdown)
+        self._open, self._opened = {}, itertools.count()
+        self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         self._use(plan)
 
@@ -223,16 +226,14 @@ class StepSync:
                                          name=f"{self.name}_bsp")
 
         bsp = tf.cast(step, tf.int64) < self.plan.policy.warmup_steps
-        token = self._arm(tf.where(bsp, _GLOBAL, _KEEP), step, "bsp")
-        if token is not None:
-            with tf.control_dependencies([token]):
-                dense = [tf.identity(g) for g in dense]
+        begun = self._begin(tf.where(bsp, _GLOBAL, _KEEP), step, "bsp")
+        with tf.control_dependencies([begun]):
+            dense = [tf.identity(g) for g in dense]
         reduced = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense])
-        if token is not None:
-            with tf.control_dependencies(reduced):
-                done = self._disarm(token)
-            with tf.control_dependencies([done]):
-                reduced = [tf.identity(g) for g in reduced]
+        with tf.control_dependencies(reduced):
+            ended = self._end(begun)
+        with tf.control_dependencies([ended]):
+            reduced = [tf.identity(g) for g in reduced]
         out = list(grads)
         for i, g in zip(present, reduced):
             out[i] = g
@@ -245,53 +246,51 @@ class StepSync:
         if self.plan.world_size == 1 or not variables or not self._table.any():
             return tf.group(*check)
         branch = self.branch(step)
-        token = self._arm(branch, step, "group")
-        with tf.control_dependencies(check + ([] if token is None else [token])):
+        begun = self._begin(branch, step, "group")
+        with tf.control_dependencies(check + [begun]):
             values = [tf.identity(v) for v in variables]
         branches = [lambda: [tf.identity(v) for v in values],
                     lambda: self._allreduce(values, hvd.global_process_set, "global")]
         for group in self._groups:
             branches.append(lambda g=group: self._allreduce(values, self._registry.get(g), "group"))
         averaged = tf.switch_case(branch, branches, name=f"{self.name}_switch")
-        assigned = tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
-        if token is None:
-            return assigned
-        with tf.control_dependencies([assigned]):
-            return self._disarm(token)
+        with tf.control_dependencies([v.assign(a) for v, a in zip(variables, averaged)]):
+            return self._end(begun)
 
-    def _arm(self, branch, step, kind):
-        """An op arming the process's watchdog while ``branch`` communicates (see :mod:`hvd_dssync.watchdog`).
+    def _begin(self, branch, step, kind):
+        """An op that opens this step's communication when ``branch`` communicates; returns its id tensor.
 
-        Returns its token tensor, or ``None`` when the watchdog is off (``HVD_DSSYNC_TIMEOUT=0``). One Python
-        call per step; the branch's group is resolved here, at trace time.
+        In Python, once per step: it notes the time (``sync_seconds`` adds up the communication) and arms
+        the process's watchdog (see :mod:`hvd_dssync.watchdog`), naming the group, which is resolved here
+        at trace time. :meth:`_end` closes it.
         """
-        if self._watchdog.timeout is None:
-            return None
         rank, world = self.plan.rank, tuple(range(self.plan.world_size))
         groups = {_GLOBAL: world, **{_FIRST_GROUP + i: g for i, g in enumerate(self._groups)}}
-        watchdog = self._watchdog
 
-        def arm(branch, step):
+        def begin(branch, step):
             group = groups.get(int(branch))
             if group is None:
                 return np.int64(-1)
             kind_now = "global" if kind == "group" and group == world else kind
             peers = [r for r in group if r != rank]
-            token = watchdog.arm(f"rank {rank} waits for ranks {peers} to average at step {int(step)} ({kind_now})")
-            return np.int64(-1 if token is None else token)
+            token = self._watchdog.arm(f"rank {rank} waits for ranks {peers} to average at step {int(step)} "
+                                       f"({kind_now})")
+            opened = next(self._opened)
+            self._open[opened] = (time.perf_counter(), token)
+            return np.int64(opened)
 
-        return tf.numpy_function(arm, [branch, tf.cast(step, tf.int64)], tf.int64, stateful=True,
-                                 name=f"{self.name}_arm")
+        return tf.numpy_function(begin, [branch, tf.cast(step, tf.int64)], tf.int64, stateful=True,
+                                 name=f"{self.name}_begin")
 
-    def _disarm(self, token):
-        watchdog = self._watchdog
-
-        def disarm(token):
-            if token >= 0:
-                watchdog.disarm(int(token))
+    def _end(self, opened):
+        def end(opened):
+            if opened >= 0:
+                started, token = self._open.pop(int(opened))
+                self._watchdog.disarm(token)
+                self.sync_seconds += time.perf_counter() - started
             return np.int64(0)
 
-        return tf.numpy_function(disarm, [token], tf.int64, stateful=True, name=f"{self.name}_disarm")
+        return tf.numpy_function(end, [opened], tf.int64, stateful=True, name=f"{self.name}_end")
 
     def _allreduce(self, values, process_set, kind):
         return hvd.grouped_allreduce(values, op=hvd.Average, compression=self.compression,

@@ -138,6 +138,10 @@ def check_training_with_callbacks():
             for epoch in range(2)]
     check(history.history["dssync_bytes_sent"] == want,
           f"bytes sent per epoch {history.history['dssync_bytes_sent']}, want {want}")
+    seconds = history.history["dssync_sync_seconds"]
+    communicates = [w > 0 for w in want]
+    check([s > 0 for s in seconds] == communicates and all(s < 60 for s in seconds),
+          f"sync seconds per epoch {seconds}: want > 0 exactly in epochs that send bytes {want}")
     distances = history.history["consensus_distance"]
     everyone = hvd_tf.allgather_object(distances, name="test.distances")
     check(all(d == distances for d in everyone), f"consensus distances differ between ranks: {everyone}")
