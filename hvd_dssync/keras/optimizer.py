@@ -26,8 +26,12 @@ __all__ = ["DistributedOptimizer"]
 class _DSSyncOptimizer:
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
-    def _dssync_setup(self, sync, model, average_non_trainable, options):
+    def _dssync_setup(self, sync, model, average_non_trainable, passes, average_aggregated, options):
         self._dssync = sync
+        self._dssync_passes = passes
+        self._dssync_average_aggregated = average_aggregated
+        # Gradient sums between applied steps; left out of Keras' tracking, so never saved (as Horovod's).
+        object.__setattr__(self, "_dssync_sums", {})
         # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = average_non_trainable
@@ -52,8 +56,11 @@ class _DSSyncOptimizer:
 
     @property
     def sync_step(self):
-        """The DS-Sync step: the number of applied steps, which is the optimizer's ``iterations``."""
-        return int(self.iterations.numpy())
+        """The DS-Sync step: the number of applied steps, ``iterations // backward_passes_per_step``.
+
+        As with Horovod, ``iterations`` counts every pass, also those that only accumulate gradients.
+        """
+        return int(self.iterations.numpy()) // self._dssync_passes
 
     def register_local_var(self, var):
         """Keep ``var`` local to this rank: never averaged, its gradient never allreduced (as Horovod)."""
@@ -65,14 +72,67 @@ class _DSSyncOptimizer:
             return super(self.__class__, self).apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = (list(x) for x in zip(*grads_and_vars))
         self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
-        step = tf.identity(self.iterations)
+        averaged = self._dssync_averaged(variables)
+        if self._dssync_passes == 1:
+            iteration, _ = self._dssync_step(grads, variables, averaged, tf.identity(self.iterations), args, kwargs)
+            return iteration
+        return self._dssync_accumulate(grads, variables, averaged, args, kwargs)
+
+    def _dssync_step(self, grads, variables, averaged, step, args, kwargs):
+        """One DS-Sync step: the warm-up's gradient allreduce, this rank's update, the group average.
+
+        Returns what the wrapped optimizer's ``apply_gradients`` returned, and the average's op.
+        """
         shared = [i for i, v in enumerate(variables) if v.ref() not in self._dssync_local_vars]
         reduced = self._dssync.gradients([grads[i] for i in shared], step)
         for i, g in zip(shared, reduced):
             grads[i] = g
         iteration = super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
-        self._dssync.average(self._dssync_averaged(variables), step)
-        return iteration
+        with tf.control_dependencies([iteration]):
+            return iteration, self._dssync.average(averaged, step)
+
+    def _dssync_accumulate(self, grads, variables, averaged, args, kwargs):
+        """``backward_passes_per_step`` > 1, as Horovod: sum this pass's gradients; step on every last pass.
+
+        The other passes only count themselves in ``iterations``. The step applies the sum (the mean with
+        ``average_aggregated_gradients``), then averages the model in the group of step
+        ``iterations // backward_passes_per_step``.
+        """
+        passes = self._dssync_passes
+        with tf.init_scope():
+            # The wrapped optimizer's variables must exist before its update is traced inside tf.cond.
+            if hasattr(self, "_create_all_weights"):
+                self._create_all_weights(variables)
+            else:
+                self.build(variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        sums = [self._dssync_sum(variables[i]) for i in present]
+        added = [s.assign_add(tf.convert_to_tensor(grads[i])) for s, i in zip(sums, present)]
+        last = tf.equal(tf.math.floormod(self.iterations + 1, passes), 0)
+
+        def step():
+            total = list(grads)
+            for s, i in zip(sums, present):
+                total[i] = s / passes if self._dssync_average_aggregated else tf.identity(s)
+            done = self._dssync_step(total, variables, averaged, self.iterations // passes, args, kwargs)
+            with tf.control_dependencies(done):
+                cleared = [s.assign(tf.zeros_like(s)) for s in sums]
+            with tf.control_dependencies(cleared):
+                return tf.identity(self.iterations)
+
+        def count():
+            return tf.identity(self.iterations.assign_add(1))
+
+        with tf.control_dependencies(added):
+            return tf.cond(last, step, count)
+
+    def _dssync_sum(self, variable):
+        key = variable.ref()
+        if key not in self._dssync_sums:
+            with tf.init_scope():
+                self._dssync_sums[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                                     name="dssync_gradient_sum")
+        return self._dssync_sums[key]
 
     def _dssync_averaged(self, variables):
         """The variables averaged each step: the trained ones, plus the model's float non-trainables."""
@@ -131,9 +191,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
     tensors; ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
     ``device_dense`` apply to the warm-up's gradient allreduce; ``name`` names the Horovod ops.
-    ``device_sparse``, ``groups``, ``average_aggregated_gradients`` and ``scale_local_gradients`` have
-    nothing to act on and are accepted for compatibility. ``op=hvd.Adasum``, a ``process_set`` other
-    than the global one and ``backward_passes_per_step`` above 1 are rejected. Horovod's deprecated
+    ``backward_passes_per_step`` passes sum their gradients (their mean with
+    ``average_aggregated_gradients``) and every last one steps, as in Horovod: ``iterations`` counts the
+    passes, the DS-Sync step the applied steps. ``device_sparse``, ``groups`` and ``scale_local_gradients``
+    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` and a ``process_set``
+    other than the global one are rejected. Horovod's deprecated
     ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
@@ -163,9 +225,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not _is_keras_optimizer(optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
-    if backward_passes_per_step > 1:
-        raise ValueError("Arg ``backward_passes_per_step`` above 1 is not supported by hvd_dssync.keras yet; "
-                         "use a larger batch instead.")
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
@@ -180,7 +239,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     methods["__module__"] = optimizer.__class__.__module__
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())
-    wrapped._dssync_setup(sync, model, average_non_trainable,
+    wrapped._dssync_setup(sync, model, average_non_trainable, backward_passes_per_step, average_aggregated_gradients,
                           [str(op), gradient_predivide_factor, sparse_as_dense, average_non_trainable,
-                           type(optimizer).__name__])
+                           type(optimizer).__name__, backward_passes_per_step, average_aggregated_gradients])
     return wrapped

@@ -155,6 +155,38 @@ def check_training_with_callbacks():
     check(all(m == maes[0] for m in maes), f"MetricAverageCallback left different metrics: {maes}")
 
 
+def check_backward_passes(base, what):
+    """backward_passes_per_step=2: the first pass only counts; the second applies the sum of both passes'
+    gradients, then the step's group (here all ranks) averages."""
+    tf.keras.utils.set_random_seed(5)  # the same initial weights on every rank
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
+    start = [v.numpy() for v in model.trainable_variables]
+    opt = dss.DistributedOptimizer(base, num_groups=1, backward_passes_per_step=2)
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(100 + RANK)
+    x, y = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)
+    passes = []
+    for b in (slice(0, 4), slice(4, 8)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[b]) - y[b]))
+        passes.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+    mine = [w - 0.1 * (g1 + g2) for w, g1, g2 in zip(start, *passes)]
+    everyone = hvd_tf.allgather_object(mine, name=f"test.passes.{what}")
+    want = [np.mean([e[i] for e in everyone], axis=0) for i in range(len(start))]
+    model.train_on_batch(x[:4], y[:4])
+    check(int(opt.iterations.numpy()) == 1 and opt.sync_step == 0,
+          f"{what}: after one pass iterations {opt.iterations.numpy()}, sync_step {opt.sync_step}")
+    check(all(np.array_equal(v.numpy(), w) for v, w in zip(model.trainable_variables, start)),
+          f"{what}: the first of two passes changed the weights")
+    model.train_on_batch(x[4:], y[4:])
+    check(int(opt.iterations.numpy()) == 2 and opt.sync_step == 1,
+          f"{what}: after two passes iterations {opt.iterations.numpy()}, sync_step {opt.sync_step}")
+    got = [v.numpy() for v in model.trainable_variables]
+    check(all(np.allclose(g, w, atol=1e-6) for g, w in zip(got, want)),
+          f"{what}: after two passes the weights are {got}, want the mean over ranks of one step on the sum "
+          f"of both passes' gradients {want}")
+
+
 def check_drop_in():
     base = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5), momentum=0.9)
     opt = dss.DistributedOptimizer(base, "DropIn", "", "", hvd.Compression.none, False, 1.0, hvd.Average, 1,
@@ -217,6 +249,8 @@ def main():
         check_custom_loop()
         check_training_with_callbacks()
         check_drop_in()
+        check_backward_passes(tf.keras.optimizers.SGD(0.1), "passes")
+        check_backward_passes(tf.keras.optimizers.legacy.SGD(0.1), "passes, legacy optimizer")
     user_unnamed_ops()
     print(f"rank {RANK}: all checks passed", flush=True)
 
