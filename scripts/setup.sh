@@ -47,7 +47,7 @@ pip_install() {
     printf '%s\n' "$out" | grep -v -e "is ignored: it is neither" -e '^$' || true
 }
 log "installing pinned Python packages"
-pip_install --upgrade "pip<25" "setuptools<70" wheel
+pip_install --upgrade "pip<25" wheel
 pip_install -r "$ROOT/requirements.txt"
 
 # --- Horovod ---------------------------------------------------------------------------------
@@ -80,7 +80,8 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
     pip_install cloudpickle psutil pyyaml packaging cffi
 fi
 
-pip_install --no-deps -e "$ROOT"
+# PEP 660 editable install (pyproject.toml) with the pinned setuptools: no legacy "setup.py develop".
+pip_install --no-deps --no-build-isolation -e "$ROOT"
 
 # --- check -----------------------------------------------------------------------------------
 caps=$("$VENV/bin/horovodrun" -cb 2>/dev/null)
