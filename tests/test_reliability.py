@@ -171,6 +171,15 @@ def test_checkpoint_resume_is_bit_identical(launcher, worker, tmp_path):
     assert output.count("resumed at step 5, equal to the uninterrupted run at step 13") == 3, output
 
 
+@MULTIRANK
+def test_checkpoint_resumes_on_fewer_ranks(tmp_path):
+    """Saved by 3 ranks at step 5, resumed by 2: the schedule of the new world, from step 5; other arguments
+    are refused, naming both."""
+    run("gloo", 3, "reliability_train.py", "save", "--steps", 5, "--dir", tmp_path, timeout=200)
+    output = run("gloo", 2, "reliability_train.py", "reshape", "--steps", 9, "--dir", tmp_path, timeout=200)
+    assert output.count("resumed at step 5 in a world of 2, trained on to step 9") == 2, output
+
+
 def _elastic_job(tmp_path, worker, first_hosts, np, min_np, max_np, *worker_args, timeout=300):
     """horovodrun elastic on localhost with a discovery script reading a host file the worker rewrites.
 

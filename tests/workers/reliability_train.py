@@ -6,6 +6,8 @@ Modes:
 - ``full --steps N --dir D``: train N steps, save each rank's weights at the end.
 - ``save --steps K --dir D``: train K steps, save each rank's model and optimizer state (a checkpoint).
 - ``resume --steps N --dir D``: load the checkpoint, train on to step N, compare bit for bit with ``full``.
+- ``reshape --steps N --dir D``: the same on fewer ranks than saved it (each loads its rank's checkpoint):
+  the schedule is the new world's and the step goes on; no bit comparison (other groups, other result).
 
 Each rank's batch at step t is drawn from a generator seeded by (rank, t), so the data does not depend
 on how the run was cut.
@@ -45,8 +47,9 @@ def train_step(model, opt, step):
     opt.step()
 
 
-def refuse_other_configuration(state):
-    """A checkpoint from another schedule must not load silently into this one (same world size)."""
+def refuse_other_configuration(state, fragment):
+    """A checkpoint from other DS-Sync arguments must not load silently: same world size, its schedule
+    configuration differs; another world size, its arguments differ. ``fragment`` is the expected one."""
     model = torch.nn.Linear(6, 1)
     other = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                      named_parameters=model.named_parameters(), model=model,
@@ -54,7 +57,7 @@ def refuse_other_configuration(state):
     try:
         other.load_state_dict(state)
     except ValueError as e:
-        if "the checkpoint's DS-Sync configuration" not in str(e) or "'seed': 12" not in str(e):
+        if fragment not in str(e) or "'seed': 12" not in str(e):
             raise
     else:
         raise AssertionError("a checkpoint saved with seed 11 loaded into an optimizer with seed 12")
@@ -66,7 +69,7 @@ def path(directory, what):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("kill", "stall", "full", "save", "resume"))
+    parser.add_argument("mode", choices=("kill", "stall", "full", "save", "resume", "reshape"))
     parser.add_argument("--at", type=int, default=10)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--dir")
@@ -95,9 +98,10 @@ def main():
             time.sleep(0.01)
         return
     start = 0
-    if args.mode == "resume":
+    if args.mode in ("resume", "reshape"):
         checkpoint = torch.load(path(args.dir, "checkpoint"))
-        refuse_other_configuration(checkpoint["optimizer"])
+        refuse_other_configuration(checkpoint["optimizer"], "the checkpoint's DS-Sync configuration"
+                                   if args.mode == "resume" else "the checkpoint's DS-Sync arguments")
         model.load_state_dict(checkpoint["model"])
         opt.load_state_dict(checkpoint["optimizer"])
         start = opt.sync_step
@@ -107,6 +111,13 @@ def main():
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path(args.dir, "checkpoint"))
     elif args.mode == "full":
         torch.save(model.state_dict(), path(args.dir, "full"))
+    elif args.mode == "reshape":
+        if opt.schedule.world_size != hvd.size() or opt.sync_step != args.steps:
+            raise AssertionError(f"rank {hvd.rank()}: after resuming a checkpoint of another world, schedule "
+                                 f"for {opt.schedule.world_size} ranks in a world of {hvd.size()}, step "
+                                 f"{opt.sync_step} (want {args.steps})")
+        print(f"rank {hvd.rank()}: resumed at step {start} in a world of {hvd.size()}, trained on to step "
+              f"{args.steps}", flush=True)
     else:
         full = torch.load(path(args.dir, "full"))
         for name, tensor in model.state_dict().items():
