@@ -16,9 +16,10 @@ It is framework-free: it is given the framework's Horovod module (``horovod.torc
 """
 import os
 
-__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets"]
+__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets", "elastic_job"]
 
 DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
+ELASTIC_ENV = "HOROVOD_ELASTIC"
 
 _registries = {}
 
@@ -26,6 +27,15 @@ _registries = {}
 def enable_dynamic_process_sets():
     """Let a later plain ``hvd.init()`` add process sets: Horovod reads this variable at init."""
     os.environ.setdefault(DYNAMIC_ENV, "1")
+
+
+def elastic_job():
+    """Whether this process is a worker of an elastic Horovod job (horovodrun sets the variable).
+
+    There a joining worker builds its optimizer while the others sync state, so the adapters defer their
+    construction-time collectives.
+    """
+    return os.environ.get(ELASTIC_ENV) == "1"
 
 
 def _horovod_table():

@@ -18,7 +18,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..plan import check_horovod_arguments
-from .sync import StepSync, _elastic, make_plan
+from ..process_sets import elastic_job
+from .sync import StepSync, make_plan
 
 __all__ = ["DistributedOptimizer"]
 
@@ -40,7 +41,7 @@ class _DSSyncOptimizer:
         if model is not None and model.built:
             shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
         self._dssync_fingerprint = (shapes, options)
-        if not _elastic():
+        if not elastic_job():
             # Under elastic Horovod a joining worker builds its optimizer while the others sync state, so
             # no collective may run here: the first trace of the step connects instead (apply_gradients).
             self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)

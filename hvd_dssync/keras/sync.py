@@ -16,7 +16,6 @@ with a clear error instead of using process sets that no longer exist.
 """
 import itertools
 import math
-import os
 import time
 
 import horovod.tensorflow as hvd
@@ -24,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..plan import BSP, GLOBAL, SyncPlan, arguments_for_world, check_agreement, fingerprint
-from ..process_sets import registry_for
+from ..process_sets import elastic_job, registry_for
 from ..watchdog import process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -36,13 +35,6 @@ _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
 _instances = itertools.count()
-
-ELASTIC_ENV = "HOROVOD_ELASTIC"
-
-
-def _elastic():
-    """Whether this process is a worker of an elastic Horovod job (horovodrun sets the variable)."""
-    return os.environ.get(ELASTIC_ENV) == "1"
 
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
@@ -155,7 +147,7 @@ class StepSync:
         Horovod fixes the process sets of a traced graph; run in another world it would hang or average
         with the wrong ranks. Two scalar ops per step (``hvd.size_op``, ``hvd.rank_op``); none outside elastic.
         """
-        if not _elastic():
+        if not elastic_job():
             return []
         size, rank = hvd.size_op(), hvd.rank_op()
         same = tf.logical_and(tf.equal(size, self.plan.world_size), tf.equal(rank, self.plan.rank))
@@ -334,7 +326,7 @@ class ModelAverager(tf.Module):
                          schedule_options=schedule_options)
         self._sync = StepSync(make_plan(**arguments), compression=compression, name=name, arguments=arguments)
         self._options = [type(compression).__name__]
-        if not _elastic():  # under elastic Horovod, at the first trace instead (see the module's docstring)
+        if not elastic_job():  # under elastic Horovod, at the first trace instead (see the module's docstring)
             self._sync.connect("hvd_dssync.keras.ModelAverager", options=self._options)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 

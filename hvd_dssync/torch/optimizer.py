@@ -24,7 +24,7 @@ from horovod.torch import functions as hvd_functions
 
 from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_world, check_agreement,
                     check_horovod_arguments, fingerprint, ring_allreduce_bytes)
-from ..process_sets import registry_for
+from ..process_sets import elastic_job, registry_for
 from ..topology import loopback_hostname_warning
 from ..watchdog import process_watchdog
 
@@ -129,7 +129,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._averaged = [(name, p) for name, p in named_parameters] + buffers
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
-        self._world_check_pending = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._world_check_pending = elastic_job()
         self._watchdog = process_watchdog(hvd.shutdown)
         if not self._world_check_pending:
             self._check_ranks_agree()
