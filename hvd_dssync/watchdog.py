@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env"]
+__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env", "describe_wait"]
 
 TIMEOUT_ENV = "HVD_DSSYNC_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -39,6 +39,17 @@ def timeout_from_env():
     if seconds < 0:
         raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds >= 0 (0: wait forever), got {text!r}.")
     return seconds or None
+
+
+def describe_wait(rank, group, step, kind):
+    """What an armed wait says when it expires: who waits for whom, at which step, for which average.
+
+    Example::
+
+        describe_wait(0, (0, 1, 3), 12, "group")  # 'rank 0 waits for ranks [1, 3] to average at step 12 (group)'
+    """
+    peers = [r for r in group if r != rank]
+    return f"rank {rank} waits for ranks {peers} to average at step {step} ({kind})"
 
 
 class Watchdog:

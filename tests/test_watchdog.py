@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hvd_dssync.watchdog import TIMEOUT_ENV, Watchdog, timeout_from_env
+from hvd_dssync.watchdog import TIMEOUT_ENV, Watchdog, describe_wait, timeout_from_env
 from multirank import LAUNCHERS, run
 
 
@@ -51,6 +51,10 @@ def test_a_later_deadline_is_kept_after_an_earlier_wait_ends():
     watchdog.disarm(first)
     assert not shutdown.done.wait(0.1)  # "first" would have expired at 0.4 s; "second" expires at 0.6 s
     assert shutdown.done.wait(5) and watchdog.expired.startswith("hvd_dssync: second")
+
+
+def test_a_wait_names_the_peers_step_and_kind():
+    assert describe_wait(1, (0, 1, 3), 12, "group") == "rank 1 waits for ranks [0, 3] to average at step 12 (group)"
 
 
 def test_no_timeout_never_arms():

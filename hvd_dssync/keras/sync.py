@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from ..plan import BSP, GLOBAL, SyncPlan, arguments_for_world, check_agreement, fingerprint
 from ..process_sets import elastic_job, registry_for
-from ..watchdog import process_watchdog
+from ..watchdog import describe_wait, process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
 
@@ -264,9 +264,7 @@ class StepSync:
             if group is None:
                 return np.int64(-1)
             kind_now = "global" if kind == "group" and group == world else kind
-            peers = [r for r in group if r != rank]
-            token = self._watchdog.arm(f"rank {rank} waits for ranks {peers} to average at step {int(step)} "
-                                       f"({kind_now})")
+            token = self._watchdog.arm(describe_wait(rank, group, int(step), kind_now))
             opened = next(self._opened)
             self._open[opened] = (time.perf_counter(), token)
             return np.int64(opened)

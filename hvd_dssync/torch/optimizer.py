@@ -26,7 +26,7 @@ from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_wor
                     check_horovod_arguments, fingerprint, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..topology import loopback_hostname_warning
-from ..watchdog import process_watchdog
+from ..watchdog import describe_wait, process_watchdog
 
 __all__ = ["DistributedOptimizer"]
 
@@ -324,8 +324,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def _bounded(self, action, step):
         """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""
-        peers = [r for r in action.group if r != hvd.rank()]
-        what = f"rank {hvd.rank()} waits for ranks {peers} to average at step {step} ({action.kind})"
+        what = describe_wait(hvd.rank(), action.group, step, action.kind)
         try:
             with self._watchdog.watching(what):
                 yield
