@@ -33,8 +33,9 @@ def expected_values(plan, steps):
     history = []
     for t in range(steps):
         action = plan.action(t)
-        if action.kind != "bsp":
-            groups = [tuple(range(SIZE))] if action.kind == "global" else plan.schedule.groups(t)
+        if action.kind in ("group", "global"):
+            groups = [tuple(range(SIZE))] if action.kind == "global" else \
+                plan.schedule.groups(plan.policy.schedule_step(t))
             new = values[:]
             for group in groups:
                 mean = sum(values[r] for r in group) / len(group)
@@ -241,6 +242,7 @@ def main():
         check(len(distinct) > 1, "global_every=3 never changed the values")
     check_group_means_in_fit("warm-up", num_groups=num_groups, warmup_steps=2, global_every=2)
     check_group_means_in_fit("butterfly", schedule="butterfly")
+    check_group_means_in_fit("local steps", steps=12, num_groups=num_groups, average_every=2, global_every=6)
     racks = [list(range((SIZE + 1) // 2)), list(range((SIZE + 1) // 2, SIZE))]
     check_group_means_in_fit("topology", schedule="topology", topology=racks,
                              schedule_options={"intra_steps": 1})

@@ -41,15 +41,22 @@ def one_backward(model):
     model(torch.randn(4, 3)).sum().backward()
 
 
-def expected_values(schedule, steps, overlap=False):
-    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0."""
+def expected_values(plan, steps, overlap=False):
+    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0.
+
+    ``plan`` gives each step's kind; a group step averages in the groups of the schedule's step
+    ``plan.policy.schedule_step(t)``. With ``overlap`` an average lands one step late.
+    """
     values = [float(r) for r in range(SIZE)]
     history = []
     for t in range(steps):
         if not overlap or t > 0:
             step = t - 1 if overlap else t
+            kind = plan.action(step).kind
+            groups = {"group": lambda: plan.schedule.groups(plan.policy.schedule_step(step)),
+                      "global": lambda: [tuple(range(SIZE))]}.get(kind, lambda: [])()
             new = values[:]
-            for group in schedule.groups(step):
+            for group in groups:
                 mean = sum(values[r] for r in group) / len(group)
                 for r in group:
                     new[r] = mean
@@ -64,7 +71,7 @@ def check_group_means(schedule_name, overlap=False, **kwargs):
                                    named_parameters=model.named_parameters(), model=model,
                                    schedule=schedule_name, seed=7, overlap=overlap, **kwargs)
     steps = 9
-    history = expected_values(opt.schedule, steps, overlap)
+    history = expected_values(opt._plan, steps, overlap)
     model.eval()  # BatchNorm must not update its statistics in the forward pass here
     for t in range(steps):
         one_backward(model)
