@@ -21,8 +21,12 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dssync", action="store_true", help="use DS-Sync instead of hvd.DistributedOptimizer")
     parser.add_argument("--schedule", default="shuffle", choices=("shuffle", "butterfly"))
-    parser.add_argument("--num-groups", type=int, default=2)
+    parser.add_argument("--num-groups", type=int, default=2, help="0: DS-Sync's default for the world size")
+    parser.add_argument("--average-every", type=int, default=1, help="DS-Sync's local steps between averages")
     parser.add_argument("--overlap", action="store_true", help="DS-Sync's asynchronous averaging")
+    parser.add_argument("--model", default="mlp", choices=("mlp", "resnet18"),
+                        help="mlp (communication-heavy, --params sets its size) or resnet18 (compute-heavy, "
+                             "11.2M parameters, 32x32 images)")
     parser.add_argument("--static", action="store_true", help="register the groups at init (dss.init)")
     parser.add_argument("--params", type=float, default=1.0, help="model size in millions of parameters")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -39,25 +43,55 @@ def make_model(million_params):
                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
 
 
+class BasicBlock(torch.nn.Module):
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(outputs)
+        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(outputs)
+        self.shortcut = torch.nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                                torch.nn.BatchNorm2d(outputs))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def make_resnet18(classes=10):
+    """ResNet-18 for 32x32 images (the CIFAR variant: a 3x3 stem, no max-pool), 11.2M parameters."""
+    layers, inputs = [], 64
+    for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [BasicBlock(inputs, outputs, stride), BasicBlock(outputs, outputs, 1)]
+        inputs = outputs
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(64),
+                               torch.nn.ReLU(), *layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(512, classes))
+
+
 def main():
     args = parse_args()
-    schedule_args = dict(schedule=args.schedule, num_groups=args.num_groups if args.schedule == "shuffle" else None)
+    schedule_args = dict(schedule=args.schedule,
+                         num_groups=args.num_groups or None if args.schedule == "shuffle" else None)
     if args.static:
         dss.init(**schedule_args)
     else:
         hvd.init()
     torch.manual_seed(0)
-    model = make_model(args.params)
+    model = make_model(args.params) if args.model == "mlp" else make_resnet18()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     if args.dssync:
         optimizer = dss.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), model=model,
-                                             overlap=args.overlap, **schedule_args)
-        name = f"dssync-{args.schedule}" + ("-static" if args.static else "") + ("-overlap" if args.overlap else "")
+                                             overlap=args.overlap, average_every=args.average_every, **schedule_args)
+        name = f"dssync-{args.schedule}" + ("-static" if args.static else "") + ("-overlap" if args.overlap else "") \
+            + (f"-every{args.average_every}" if args.average_every > 1 else "")
     else:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         name = "horovod"
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    data = torch.randn(args.batch_size, 256)
+    data = torch.randn(args.batch_size, 256) if args.model == "mlp" else torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
 
     def benchmark_step():

@@ -21,6 +21,8 @@ VARIANTS = {
     "dssync shuffle (dss.init, static sets)": ["--dssync", "--static"],
     "dssync butterfly (dss.init, static sets)": ["--dssync", "--schedule", "butterfly", "--static"],
     "dssync shuffle overlap (dynamic sets)": ["--dssync", "--overlap"],
+    "dssync shuffle overlap (dss.init, static sets)": ["--dssync", "--overlap", "--static"],
+    "dssync shuffle, average_every=4 (dss.init, static sets)": ["--dssync", "--static", "--average-every", "4"],
 }
 
 
@@ -29,19 +31,26 @@ def main():
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--params", type=float, default=1.0, help="model size, millions of parameters")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS))
+    parser.add_argument("--model", default="mlp", choices=("mlp", "resnet18"))
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--variants", default=",".join(str(i) for i in range(len(VARIANTS))),
+                        help="indices of the variants to run, comma separated (0 is Horovod, the reference)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for launcher in args.launchers.split(","):
             out = os.path.join(tmp, f"{launcher}.jsonl")
-            for label, extra in VARIANTS.items():
-                run(launcher, args.np, f"{ROOT}/examples/pytorch_synthetic_benchmark.py", *extra,
-                    "--params", args.params, "--json", out, timeout=600)
+            chosen = [list(VARIANTS)[int(i)] for i in args.variants.split(",")]
+            for label in chosen:
+                run(launcher, args.np, f"{ROOT}/examples/pytorch_synthetic_benchmark.py", *VARIANTS[label],
+                    "--params", args.params, "--model", args.model, "--batch-size", args.batch_size,
+                    "--json", out, timeout=600)
             results = [json.loads(line) for line in open(out)]
             base = results[0]["slowest_rank_step_ms"]
-            for label, result in zip(VARIANTS, results):
+            for label, result in zip(chosen, results):
                 rows.append((launcher, label, result["slowest_rank_step_ms"], result["slowest_rank_step_ms"] / base))
-    print(f"\n{args.np} ranks, {args.params}M parameters, loopback\n")
+    size = f"{args.params}M-parameter MLP" if args.model == "mlp" else "ResNet-18 (11.2M parameters, 32x32)"
+    print(f"\n{args.np} ranks, {size}, batch {args.batch_size}, loopback\n")
     print("| launcher | optimizer | median step (ms, slowest rank) | vs Horovod |")
     print("| --- | --- | ---: | ---: |")
     for launcher, label, ms, ratio in rows:
