@@ -357,14 +357,17 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.finish_pending()
         change = self._plan.window_change(self.sync_step)
         if change is not None:
-            # A group of one averages with nobody: no process set, no collective.
             acquire, release = change
-            self._registry.acquire([g for g in acquire if len(g) > 1])
-            self._registry.release([g for g in release if len(g) > 1])
+            self._registry.acquire(acquire)
+            self._registry.release(release)
+        process_set = hvd.global_process_set if action.kind == GLOBAL else self._registry.get(action.group)
         if len(action.group) == 1:
+            # Nobody to average with, so the model stays put; one tiny op on this rank's own set all the same,
+            # since Horovod names a user's unnamed ops by counting every op of the process: every rank must
+            # issue as many ops as the others.
+            hvd.allreduce_(torch.zeros(1), name=f"{self._name}.alone", op=hvd.Sum, process_set=process_set)
             self._record(action, 0.0, 0)
             return
-        process_set = hvd.global_process_set if action.kind == GLOBAL else self._registry.get(action.group)
         tensors = [t.data for _, t in self._averaged_tensors()]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes)
