@@ -56,3 +56,11 @@ def test_without_the_drain_the_slower_group_fails_clearly():
     output = run("mpi", 4, "torch_exit.py", timeout=120, env={"HVD_DSSYNC_EXIT_TIMEOUT": "0"},
                  expect_failure=True)
     assert "hvd_dssync: Horovod is shut down" in output, output
+
+
+@pytest.mark.parametrize("launcher,np", [pytest.param("gloo", 4, id="gloo-np4"), pytest.param("mpi", 3, id="mpi-np3")])
+def test_scripts_written_for_horovod(launcher, np):
+    """Horovod's resume recipe, GradScaler with one rank overflowing, what is averaged, overlapping optimizers,
+    Horovod's warning and attributes; ranks drifting one step apart all raise an error naming their steps."""
+    output = run(launcher, np, "torch_fidelity.py", timeout=240)
+    assert output.count("all checks passed") == np, output

@@ -11,6 +11,7 @@ the new world, checks again that all ranks agree, and continues from rank 0's st
 """
 import atexit
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch import functions as hvd_functions
 
+from ..guards import check_nccl_process_sets, describe_step_drift, step_signature, steps_differ
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
@@ -33,6 +35,13 @@ __all__ = ["DistributedOptimizer"]
 _live_optimizers = weakref.WeakSet()
 _exit = {"drain_registered": False, "uncaught_exception": False}
 EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
+# Each optimizer's ops carry its number in construction order, the same on every rank, so that two
+# optimizers' averages in flight at once never share an op name.
+_construction_order = itertools.count()
+# Horovod's warning, word for word, so that scripts see what they know.
+SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                       "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+                       "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
 
 
 def _watch_until_exit(optimizer):
@@ -103,29 +112,37 @@ def _check_named_parameters(optimizer, named_parameters):
 class _DSSyncOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
+    # GradScaler then always calls step(), with ``grad_scale`` and ``found_inf`` set on the optimizer: a
+    # rank whose gradient overflowed still takes part in its group's average (see _amp_scaling).
+    _step_supports_amp_scaling = True
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model,
+                 gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model,
                  average_buffers, overlap):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
+        # Horovod's attributes, read by scripts and by Horovod's own tests.
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda item: item[0])}
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
-        self._op = op
-        self._gradient_predivide_factor = gradient_predivide_factor
-        self._sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._synchronized = False
+        self._should_synchronize = True
         self._plan_arguments = plan_arguments
         self._plan = plan
+        self._model = model
+        self._average_buffers = average_buffers
         self._overlap = overlap
+        self._name = f"dssync.{next(_construction_order)}"
         self._registry = registry_for(hvd)
         self._generation = self._registry.refresh()
-        self._synchronized = False
-        self._skip_synchronize = False
         self._pending = None
+        self._step_settled = False
         self.sync_step = 0
         self.last_sync = None
-        buffers = [] if model is None or not average_buffers else [
-            (f"buffer.{name}", b) for name, b in model.named_buffers() if b.is_floating_point()]
-        self._averaged = [(name, p) for name, p in named_parameters] + buffers
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -150,18 +167,24 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             # hvd.broadcast_optimizer_state fills empty state with a zero-gradient step on every
             # rank; it is no training step, so it neither averages nor advances the schedule.
             return super(self.__class__, self).step(closure)
-        if self._world_check_pending or self._world_changed():
-            self._join_world()
+        self._settle_step()
+        if self._should_synchronize and self._synchronized:
+            warnings.warn(SYNCHRONIZE_WARNING)
         action = self._plan.action(self.sync_step)
-        if action.kind == BSP:
-            if not self._skip_synchronize:
-                self.synchronize()
-            loss = super(self.__class__, self).step(closure)
-            self._synchronized = False
-            self._record(action, 0.0, 0)
-        else:
-            loss = super(self.__class__, self).step(closure)
-            self._average_model(action)
+        with self._amp_scaling() as (grad_scale, found_inf):
+            if action.kind == BSP:
+                if self._should_synchronize:
+                    self.synchronize()
+                if found_inf is not None:
+                    # The gradients are the same on every rank now, so the skip is too (Horovod's behaviour),
+                    # whether or not GradScaler looked before or after they were averaged.
+                    found_inf = self._gradients_overflow()
+                loss = self._local_update(closure, grad_scale, found_inf)
+                self._record(action, 0.0, 0)
+            else:
+                loss = self._local_update(closure, grad_scale, found_inf)
+                self._average_model(action)
+        self._synchronized = False
         self.sync_step += 1
         return loss
 
@@ -171,31 +194,24 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         As with Horovod: call it before clipping gradients, then ``step()`` inside
         ``skip_synchronize()``. Outside the warm-up, gradients stay local and this does nothing.
         """
-        if self._plan.policy.action(self.sync_step) != BSP or self._synchronized:
-            return
-        params = [p for _, p in self._named_parameters if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                # Every rank must reduce the same tensors; a parameter unused here contributes zeros.
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse and not self._sparse_as_dense:
-                raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
-        dense = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
-        if dense:
-            self._allreduce_gradients(dense)
-        for p, g in zip(params, dense):
-            if p.grad.is_sparse:
-                p.grad = g.to_sparse()
+        self._settle_step()
+        if not self._synchronized and self._plan.policy.action(self.sync_step) == BSP:
+            self._average_gradients()
         self._synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Let ``step()`` skip the warm-up's gradient allreduce after an explicit ``synchronize()``."""
-        self._skip_synchronize = True
+        self._should_synchronize = False
         try:
             yield
         finally:
-            self._skip_synchronize = False
+            self._should_synchronize = True
+
+    def set_backward_passes_per_step(self, passes):
+        """As Horovod's: ``passes`` backward passes accumulate their gradients between two steps."""
+        check_horovod_arguments(hvd, self.op, self.gradient_predivide_factor, passes, self.process_set)
+        self.backward_passes_per_step = passes
 
     def finish_pending(self):
         """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
@@ -206,12 +222,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             # the model keeps this rank's own update.
             self._pending = None
             return
-        handle, sent, received, action, started, nbytes = self._pending
+        handle, tensors, sent, received, signature, action, step, process_set, started, nbytes = self._pending
         self._pending = None
-        with self._bounded(action, self.sync_step - 1):
+        with self._bounded(action, step):
             hvd.synchronize(handle)
+        self._check_steps(signature * len(action.group), action, process_set, step)
         with torch.no_grad():
-            for (_, tensor), before, averaged in zip(self._averaged, sent, received):
+            for tensor, before, averaged in zip(tensors, sent, received):
                 tensor.add_(averaged - before)
         self._record(action, time.perf_counter() - started, nbytes)
 
@@ -227,7 +244,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
         A state saved in a world of the same size must have the same schedule configuration; one saved
         in a world of another size (elastic Horovod, or a job restarted on more or fewer ranks) must have
-        been built with the same arguments, and the schedule is that of the current world.
+        been built with the same arguments, and the schedule is that of the current world. Loaded on
+        rank 0 alone before the first step (Horovod's recipe), the step reaches the other ranks at that
+        first step.
         """
         state_dict = dict(state_dict)
         saved = state_dict.pop("dssync", None)
@@ -242,9 +261,25 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                                  f"this optimizer's {mine}; resume with the same arguments.")
             self.finish_pending()
             self.sync_step = int(saved["sync_step"])
+        self._synchronized = False
         super(self.__class__, self).load_state_dict(state_dict)
 
     # --- the mechanics ----------------------------------------------------------------------
+
+    def _settle_step(self):
+        """Join a new world, or take rank 0's step at the first step after construction (a collective).
+
+        Horovod's resume recipe loads a checkpoint on rank 0 alone, then broadcasts the optimizer state,
+        which carries no plain attribute such as the step (and nothing at all for a stateless optimizer).
+        The first step after construction is the one point where every rank is sure to be, so every
+        rank takes rank 0's step there.
+        """
+        if self._world_check_pending or self._world_changed():
+            self._join_world()
+        elif not self._step_settled:
+            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), 0, name=f"{self._name}.step")
+            self.sync_step = int(step.item())
+        self._step_settled = True
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -274,9 +309,52 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._plan = _make_plan(arguments)
         self.sync_step = self._check_ranks_agree(with_step=True)
 
+    @contextlib.contextmanager
+    def _amp_scaling(self):
+        """GradScaler's ``grad_scale`` and ``found_inf`` for this step, hidden from the wrapped step meanwhile.
+
+        GradScaler sets them before calling step() and deletes them after; plain torch optimizers assert
+        that they are None, so _local_update applies them instead.
+        """
+        hidden = {key: self.__dict__.pop(key) for key in ("grad_scale", "found_inf") if key in self.__dict__}
+        try:
+            yield hidden.get("grad_scale"), hidden.get("found_inf")
+        finally:
+            self.__dict__.update(hidden)
+
+    def _local_update(self, closure, grad_scale, found_inf):
+        """The wrapped optimizer's step on this rank's gradient, unless GradScaler found inf or NaN in it."""
+        if found_inf is not None and bool(found_inf):
+            return None
+        if grad_scale is not None:  # scaler.step() without scaler.unscale_() first
+            inv_scale = grad_scale.double().reciprocal().float()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(inv_scale.to(p.grad.device))
+        return super(self.__class__, self).step(closure)
+
+    def _gradients_overflow(self):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        return any(not torch.isfinite(g.coalesce().values() if g.is_sparse else g).all() for g in grads)
+
+    def _averaged_tensors(self):
+        """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
+        the model's floating-point buffers.
+
+        Frozen parameters and those the optimizer does not train never change locally. Buffers are looked
+        up at each step because ``model.to()``, ``.half()`` or SyncBatchNorm conversion replace them.
+        """
+        trained = {id(p) for group in self.param_groups for p in group["params"] if p.requires_grad}
+        tensors = [(name, p) for name, p in self._named_parameters if id(p) in trained]
+        if self._model is not None and self._average_buffers:
+            tensors += [(f"buffer.{name}", b) for name, b in self._model.named_buffers() if b.is_floating_point()]
+        return tensors
+
     def _average_model(self, action):
         self.finish_pending()
-        if self._plan.world_size == 1 or action.kind == LOCAL:
+        if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             self._record(action, 0.0, 0)
             return
         change = self._plan.window_change(self.sync_step)
@@ -285,40 +363,79 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._registry.acquire(acquire)
             self._registry.release(release)
         process_set = hvd.global_process_set if action.kind == GLOBAL else self._registry.get(action.group)
-        tensors = [t.data for _, t in self._averaged]
+        if len(action.group) == 1:
+            # Nobody to average with, so the model stays put; one tiny op on this rank's own set all the same,
+            # since Horovod names a user's unnamed ops by counting every op of the process: every rank must
+            # issue as many ops as the others.
+            hvd.allreduce_(torch.zeros(1), name=f"{self._name}.alone", op=hvd.Sum, process_set=process_set)
+            self._record(action, 0.0, 0)
+            return
+        tensors = [t.data for _, t in self._averaged_tensors()]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes)
-        name = f"dssync.{action.kind}.{process_set.process_set_id}"
+        name = f"{self._name}.{action.kind}.{process_set.process_set_id}"
+        # Rides along, uncompressed, so that the members find out if they are at different steps.
+        signature = torch.from_numpy(step_signature(self.sync_step))
         started = time.perf_counter()
         if self._overlap:
             sent = [t.detach().clone() for t in tensors]
             received = [t.clone() for t in sent]
-            handle = hvd.grouped_allreduce_async_(received, name=name, op=hvd.Average, process_set=process_set)
-            self._pending = (handle, sent, received, action, started, sent_bytes)
+            handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
+                                                  process_set=process_set)
+            self._pending = (handle, tensors, sent, received, signature, action, self.sync_step, process_set,
+                             started, sent_bytes)
             return
-        compressed, contexts = zip(*(self._compression.compress(t) for t in tensors))
+        compressed = [self._compression.compress(t) for t in tensors]
         with self._bounded(action, self.sync_step):
-            if all(c is t for c, t in zip(compressed, tensors)):
-                hvd.grouped_allreduce_(list(tensors), name=name, op=hvd.Average, process_set=process_set)
+            if all(c is t for (c, _), t in zip(compressed, tensors)):
+                hvd.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
             else:
-                averaged = hvd.grouped_allreduce(list(compressed), name=name, op=hvd.Average,
-                                                 process_set=process_set)
-                for t, a, ctx in zip(tensors, averaged, contexts):
+                *averaged, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature], name=name,
+                                                             op=hvd.Average, process_set=process_set)
+                for t, a, (_, ctx) in zip(tensors, averaged, compressed):
                     t.copy_(self._compression.decompress(a, ctx))
+        self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
         self._record(action, time.perf_counter() - started, sent_bytes)
 
-    def _allreduce_gradients(self, grads):
+    def _average_gradients(self):
+        params = [p for _, p in self._named_parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                # Every rank must reduce the same tensors; a parameter unused here contributes zeros.
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse and not self.sparse_as_dense:
+                raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
         prescale, postscale = 1.0, 1.0
-        op = self._op
-        if op == hvd.Average and self._gradient_predivide_factor != 1.0:
-            prescale = 1.0 / self._gradient_predivide_factor
-            postscale = self._gradient_predivide_factor
-        compressed, contexts = zip(*(self._compression.compress(g) for g in grads))
-        with self._bounded(self._plan.action(self.sync_step), self.sync_step):
-            reduced = hvd.grouped_allreduce(list(compressed), name="dssync.bsp", op=op,
-                                            prescale_factor=prescale, postscale_factor=postscale)
-        for g, r, ctx in zip(grads, reduced, contexts):
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        compressed = [self._compression.compress(g) for g in grads]
+        action = self._plan.action(self.sync_step)
+        signature = torch.from_numpy(step_signature(self.sync_step))
+        with self._bounded(action, self.sync_step):
+            *reduced, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature],
+                                                        name=f"{self._name}.bsp", op=self.op,
+                                                        prescale_factor=prescale, postscale_factor=postscale)
+        self._check_steps(signature * (hvd.size() if self.op == hvd.Average else 1), action,
+                          hvd.global_process_set, self.sync_step)
+        for p, g, r, (_, ctx) in zip(params, grads, reduced, compressed):
             g.copy_(self._compression.decompress(r, ctx))
+            if p.grad.is_sparse:
+                p.grad = g.to_sparse()
+
+    def _check_steps(self, sums, action, process_set, step):
+        """Raise on every member if the members of ``action``'s group were at different steps.
+
+        ``sums`` are the members' step signatures summed; only when they differ does a second collective
+        (among the members, who all found out together) gather who was at which step, for the error.
+        """
+        if not steps_differ(sums.numpy(), len(action.group)):
+            return
+        with self._bounded(action, step):
+            gathered = hvd.allgather(torch.tensor([[hvd.rank(), step]]), name=f"{self._name}.drift",
+                                     process_set=process_set)
+        raise RuntimeError(describe_step_drift({rank: s for rank, s in gathered.tolist()}))
 
     @contextlib.contextmanager
     def _bounded(self, action, step):
@@ -342,9 +459,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
         With ``with_step``, the step is gathered along and rank 0's is returned.
         """
-        shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaged]
+        shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaged_tensors()]
         options = {"overlap": self._overlap, "backward_passes_per_step": self.backward_passes_per_step,
-                   "op": str(self._op)}
+                   "op": str(self.op), "op names": self._name}
         mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement").numpy()
         ranks = check_agreement(gathered, what="hvd_dssync.torch.DistributedOptimizer")
@@ -444,8 +561,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                           topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                           average_every=average_every, schedule_options=schedule_options)
     plan = _make_plan(plan_arguments)
+    check_nccl_process_sets(plan.schedule.window_steps, hvd.nccl_built(),
+                            on_gpu=any(p.is_cuda for _, p in named_parameters),
+                            gpu_operations=os.environ.get("HOROVOD_GPU_ALLREDUCE") or
+                            os.environ.get("HOROVOD_GPU_OPERATIONS"))
     if hvd.size() == 1 and overlap:
         warnings.warn("overlap=True does nothing with one rank.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model, average_buffers, overlap)
+               gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model, average_buffers,
+               overlap)
