@@ -56,3 +56,11 @@ def test_without_the_drain_the_slower_group_fails_clearly():
     output = run("mpi", 4, "torch_exit.py", timeout=120, env={"HVD_DSSYNC_EXIT_TIMEOUT": "0"},
                  expect_failure=True)
     assert "hvd_dssync: Horovod is shut down" in output, output
+
+
+@pytest.mark.parametrize("launcher,init", [("gloo", "dynamic"), ("mpi", "static")])
+def test_process_sets_and_fp16_compression(launcher, init):
+    """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps
+    updates below its resolution, within its error bound of the exact group means."""
+    output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300)
+    assert output.count("all checks passed") == 4, output

@@ -25,6 +25,7 @@ from horovod.torch import functions as hvd_functions
 from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_world, check_agreement,
                     check_horovod_arguments, fingerprint, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
+from ..scope import acquire_registered
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
 
@@ -70,14 +71,28 @@ def _drain_before_shutdown():
     if _exit["uncaught_exception"] or not hvd.is_initialized():
         return
     try:
-        for optimizer in list(_live_optimizers):
+        optimizers = list(_live_optimizers)
+        for optimizer in optimizers:
             optimizer.finish_pending()
-        handle = hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum)
+        handles = [hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum, process_set=process_set)
+                   for process_set in _exit_process_sets(optimizers)]
         deadline = time.monotonic() + float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
-        while not hvd.poll(handle) and time.monotonic() < deadline:
+        while not all(hvd.poll(h) for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
     except Exception:  # Horovod already shut down by a failing peer: nothing left to drain
         pass
+
+
+def _exit_process_sets(optimizers):
+    """Where the exit drain meets: all ranks, unless every optimizer trains inside a process set.
+
+    Ranks outside a set may never build a DS-Sync optimizer, so they would not join a global drain; every
+    member of a set has the same optimizers, so one drain per set, in id order, is met by all of them.
+    """
+    sets = {o._process_set.process_set_id: o._process_set for o in optimizers}
+    if not sets or 0 in sets:
+        return [hvd.global_process_set]
+    return [sets[i] for i in sorted(sets)]
 
 
 def _check_named_parameters(optimizer, named_parameters):
@@ -106,7 +121,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model,
-                 average_buffers, overlap):
+                 average_buffers, overlap, scope, process_set):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         self._compression = compression
@@ -117,6 +132,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._plan_arguments = plan_arguments
         self._plan = plan
         self._overlap = overlap
+        self._scope = scope
+        self._process_set = process_set
+        # The last averaged model all ranks share, for lossy compression (see _average_differences).
+        self._reference = None
         self._registry = registry_for(hvd)
         self._generation = self._registry.refresh()
         self._synchronized = False
@@ -131,6 +150,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
         self._watchdog = process_watchdog(hvd.shutdown)
+        if self._in_process_set():
+            acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer")
         if not self._world_check_pending:
             self._check_ranks_agree()
         _watch_until_exit(self)
@@ -269,6 +290,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         broadcast to the newcomers.
         """
         self._pending = None
+        self._reference = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
@@ -281,11 +303,17 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._record(action, 0.0, 0)
             return
         change = self._plan.window_change(self.sync_step)
-        if change is not None:
+        if change is not None and not self._in_process_set():
             acquire, release = change
             self._registry.acquire(acquire)
             self._registry.release(release)
-        process_set = hvd.global_process_set if action.kind == GLOBAL else self._registry.get(action.group)
+        if self._compression is not hvd.Compression.none and self._reference is None:
+            self._establish_reference(action)
+            return
+        process_set = self._process_set_of(action)
+        if process_set is None:
+            self._record(action, 0.0, 0)
+            return
         tensors = [t.data for _, t in self._averaged]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes)
@@ -297,16 +325,61 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             handle = hvd.grouped_allreduce_async_(received, name=name, op=hvd.Average, process_set=process_set)
             self._pending = (handle, sent, received, action, started, sent_bytes)
             return
-        compressed, contexts = zip(*(self._compression.compress(t) for t in tensors))
         with self._bounded(action, self.sync_step):
-            if all(c is t for c, t in zip(compressed, tensors)):
+            if self._compression is hvd.Compression.none:
                 hvd.grouped_allreduce_(list(tensors), name=name, op=hvd.Average, process_set=process_set)
             else:
-                averaged = hvd.grouped_allreduce(list(compressed), name=name, op=hvd.Average,
-                                                 process_set=process_set)
-                for t, a, ctx in zip(tensors, averaged, contexts):
-                    t.copy_(self._compression.decompress(a, ctx))
+                sent_bytes = self._average_differences(tensors, action, process_set, name)
         self._record(action, time.perf_counter() - started, sent_bytes)
+
+    # --- inside a process set, and lossy compression -----------------------------------------
+
+    def _in_process_set(self):
+        return self._process_set is not hvd.global_process_set
+
+    def _process_set_of(self, action):
+        """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
+        if action.kind == GLOBAL or len(action.group) == self._scope.world_size:
+            return self._process_set
+        if self._in_process_set() and len(action.group) == 1:
+            return None  # a group of one keeps its model; no set was registered for it
+        return self._registry.get(self._scope.to_global(action.group))
+
+    def _establish_reference(self, action):
+        """The first averaging step under lossy compression: an exact average over the scope sets the reference.
+
+        Every rank of the scope reaches its first averaging step at the same step, whatever its group.
+        """
+        tensors = [t.data for _, t in self._averaged]
+        started = time.perf_counter()
+        everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+        with self._bounded(everyone, self.sync_step):
+            hvd.grouped_allreduce_(tensors, name=f"dssync.reference.{self._process_set.process_set_id}",
+                                   op=hvd.Average, process_set=self._process_set)
+        self._reference = [t.detach().clone() for t in tensors]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(self._scope.world_size, nbytes))
+
+    def _average_differences(self, tensors, action, process_set, name):
+        """Average the group's models through their compressed differences from the shared reference.
+
+        Rank ``j`` sends ``C(x_j - r)`` and keeps ``x_j <- r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``:
+        the group's mean is kept exactly (up to the collective's own arithmetic on the compressed
+        differences), and each rank stays within its own compression error of it, so an update smaller
+        than the compression's resolution is carried, never rounded away. ``r`` must be the same on every
+        member: set by an exact average over the scope, moved by global averages only. Returns the bytes sent.
+        """
+        compression = self._compression
+        differences = [t - r for t, r in zip(tensors, self._reference)]
+        compressed, contexts = zip(*(compression.compress(d) for d in differences))
+        averaged = hvd.grouped_allreduce(list(compressed), name=name, op=hvd.Average, process_set=process_set)
+        for t, r, d, c, a, ctx in zip(tensors, self._reference, differences, compressed, averaged, contexts):
+            received = compression.decompress(a, ctx)
+            t.copy_(r + received + (d - compression.decompress(c, ctx)))
+            if action.kind == GLOBAL:
+                r.add_(received)
+        nbytes = sum(c.numel() * c.element_size() for c in compressed)
+        return ring_allreduce_bytes(len(action.group), nbytes)
 
     def _allreduce_gradients(self, grads):
         prescale, postscale = 1.0, 1.0
@@ -317,14 +390,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         compressed, contexts = zip(*(self._compression.compress(g) for g in grads))
         with self._bounded(self._plan.action(self.sync_step), self.sync_step):
             reduced = hvd.grouped_allreduce(list(compressed), name="dssync.bsp", op=op,
-                                            prescale_factor=prescale, postscale_factor=postscale)
+                                            prescale_factor=prescale, postscale_factor=postscale,
+                                            process_set=self._process_set)
         for g, r, ctx in zip(grads, reduced, contexts):
             g.copy_(self._compression.decompress(r, ctx))
 
     @contextlib.contextmanager
     def _bounded(self, action, step):
         """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""
-        what = describe_wait(hvd.rank(), action.group, step, action.kind)
+        what = describe_wait(hvd.rank(), self._scope.to_global(action.group), step, action.kind)
         try:
             with self._watchdog.watching(what):
                 yield
@@ -335,7 +409,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             raise RuntimeError(self._watchdog.expired) from e
 
     def _record(self, action, seconds, nbytes):
-        self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": action.group,
+        self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": self._scope.to_global(action.group),
                           "seconds": seconds, "bytes_sent": nbytes}
 
     def _check_ranks_agree(self, with_step=False):
@@ -353,13 +427,17 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         })
         if with_step:
             mine = np.append(mine, np.int64(self.sync_step))
-        gathered = hvd.allgather(torch.from_numpy(mine).unsqueeze(0), name="dssync.fingerprint").numpy()
+        gathered = hvd.allgather(torch.from_numpy(mine).unsqueeze(0), name="dssync.fingerprint",
+                                 process_set=self._process_set).numpy()
         check_agreement(gathered[:, :len(FINGERPRINT_FIELDS)], what="hvd_dssync.torch.DistributedOptimizer")
         return int(gathered[0, -1]) if with_step else self.sync_step
 
 
-def _make_plan(arguments):
-    return SyncPlan(hvd.rank(), hvd.size(), **arguments)
+def _make_plan(arguments, scope=None):
+    """The plan of this rank: in the whole job, or at its position in ``scope`` (a process set)."""
+    if scope is None:
+        return SyncPlan(hvd.rank(), hvd.size(), **arguments)
+    return SyncPlan(scope.rank, scope.world_size, **arguments)
 
 
 def _portable(arguments):
@@ -428,21 +506,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                        num_groups=2, seed=0)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
-    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
+    in_process_set = scope.world_size != hvd.size()
+    if in_process_set and (topology is not None or schedule == "topology"):
+        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
+                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
+                         "'butterfly'.")
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
     plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
                           topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                           schedule_options=schedule_options)
-    plan = _make_plan(plan_arguments)
+    plan = _make_plan(plan_arguments, scope)
+    if in_process_set and plan.schedule.window_steps is not None:
+        raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
+                         f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "
+                         "once, by every rank of the job; use one endless window (window_steps=None).")
     if hvd.size() == 1 and overlap:
         warnings.warn("overlap=True does nothing with one rank.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model, average_buffers, overlap)
+               gradient_predivide_factor, sparse_as_dense, plan, plan_arguments, model, average_buffers, overlap,
+               scope, process_set if in_process_set else hvd.global_process_set)
