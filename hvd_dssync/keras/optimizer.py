@@ -225,16 +225,19 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     if not _is_keras_optimizer(optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
-    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    in_process_set = scope.world_size != hvd.size()
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                      schedule_options=schedule_options)
     op_name = name or f"DSSync{type(optimizer).__name__}"
-    sync = StepSync(make_plan(**arguments), compression=compression, op=op,
+    sync = StepSync(make_plan(**arguments, scope=scope if in_process_set else None), compression=compression, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-                    device_dense=device_dense, name=op_name, arguments=arguments)
+                    device_dense=device_dense, name=op_name, arguments=arguments,
+                    scope=scope if in_process_set else None,
+                    process_set=process_set if in_process_set else hvd.global_process_set)
     methods = {k: v for k, v in _DSSyncOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     # The wrapped class's module and name, so a saved model names the plain optimizer (as Horovod's).
     methods["__module__"] = optimizer.__class__.__module__
