@@ -127,6 +127,10 @@ def acquire_registered(hvd, scope, groups, what):
     Inside a process set nothing may be registered (the other ranks would not take part), so a missing
     group raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank, before
     any communication. Returns the groups as global ranks.
+
+    Example::
+
+        acquire_registered(hvd, Scope((1, 2, 3), 0), [(0, 1), (1, 2)], "my optimizer")  # [(1, 2), (2, 3)]
     """
     wanted = sorted({scope.to_global(g) for g in groups if 1 < len(g) < scope.world_size})
     table = {tuple(sorted(r)) for r in _horovod_table().values()}

@@ -189,14 +189,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     gradient, then averages its model inside the group its schedule gives it for this step; the group
     is chosen in the graph, so it changes step by step inside one traced ``model.fit``.
 
-    Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
-    tensors; ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
+    Horovod's arguments keep their meaning where it applies: ``compression`` and ``process_set`` as in
+    the PyTorch adapter (a lossy compressor sends compressed differences from a shared reference; the
+    groups of a process set are registered beforehand on every rank with :func:`add_process_set_groups`);
+    ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
     ``device_dense`` apply to the warm-up's gradient allreduce; ``name`` names the Horovod ops.
     ``backward_passes_per_step`` passes sum their gradients (their mean with
     ``average_aggregated_gradients``) and every last one steps, as in Horovod: ``iterations`` counts the
     passes, the DS-Sync step the applied steps. ``device_sparse``, ``groups`` and ``scale_local_gradients``
-    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` and a ``process_set``
-    other than the global one are rejected. Horovod's deprecated
+    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` is rejected. Horovod's deprecated
     ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):

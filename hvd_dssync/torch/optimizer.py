@@ -474,13 +474,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     its schedule gives it for this step; the groups shuffle from step to step so that all models reach
     consensus. No gradient is allreduced outside the warm-up.
 
-    Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
-    tensors; ``op`` (Average or Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the
-    warm-up's gradient allreduce; ``backward_passes_per_step`` gradients simply accumulate between
-    steps; ``groups`` (Horovod's fusion grouping) is accepted and has nothing to act on, since the whole
-    model is one grouped allreduce per step. ``op=hvd.Adasum`` and a ``process_set`` other than the global
-    one are rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is replaced by DS-Sync's
-    ``num_groups``.
+    Horovod's arguments keep their meaning where it applies: a lossy ``compression`` (``hvd.Compression.fp16``)
+    compresses each rank's difference from a reference all ranks share, and each rank keeps its own
+    compression error, so updates below the compression's resolution are not lost (the first averaging
+    step is an exact average over the ranks that sets the reference; global averages move it; it costs one
+    copy of the averaged tensors). ``process_set`` runs DS-Sync among that set's ranks only (build and step
+    the optimizer on them alone, as with Horovod); its groups must be registered beforehand by every rank
+    of the job, with :func:`init` (``process_sets=``) or :func:`add_process_set_groups`. ``op`` (Average or
+    Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the warm-up's gradient allreduce;
+    ``backward_passes_per_step`` gradients simply accumulate between steps; ``groups`` (Horovod's fusion
+    grouping) is accepted and has nothing to act on, since the whole model is one grouped allreduce per
+    step. ``op=hvd.Adasum`` is rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is
+    replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
         num_groups: groups per step (schedule "shuffle"); give this or ``group_size``.
