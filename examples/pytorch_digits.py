@@ -31,6 +31,7 @@ def parse_args():
     parser.add_argument("--num-groups", type=int, default=2)
     parser.add_argument("--schedule", default="shuffle", choices=("shuffle", "butterfly"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16 for what each optimizer sends")
     parser.add_argument("--json", help="write the result here (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args()
@@ -66,12 +67,14 @@ def main():
                                 torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     if args.optimizer == "dssync":
         optimizer = dss.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), model=model,
                                              num_groups=args.num_groups if args.schedule == "shuffle" else None,
-                                             schedule=args.schedule, seed=args.seed)
+                                             schedule=args.schedule, seed=args.seed, compression=compression)
     else:
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 

@@ -187,11 +187,12 @@ def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_
     """Validate the arguments both adapters take from Horovod's ``DistributedOptimizer``.
 
     ``hvd`` is the framework's Horovod module (for its op constants and global process set). Raises
-    before any communication, with a message naming the argument and the rule.
+    before any communication, with a message naming the argument and the rule. Returns the ranks DS-Sync
+    runs among, a :class:`hvd_dssync.scope.Scope`: the whole job, or ``process_set``'s ranks.
 
     Example::
 
-        check_horovod_arguments(hvd, hvd.Average, 1.0, 1, hvd.global_process_set)  # passes
+        scope = check_horovod_arguments(hvd, hvd.Average, 1.0, 1, hvd.global_process_set)  # the whole job
     """
     if op == hvd.Adasum:
         raise ValueError("Arg ``op=hvd.Adasum`` has no meaning under DS-Sync, which averages models "
@@ -204,9 +205,9 @@ def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_
             or backward_passes_per_step < 1:
         raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
                          f"{backward_passes_per_step!r}.")
-    if process_set is not hvd.global_process_set and process_set.process_set_id != 0:
-        raise ValueError("Arg ``process_set``: hvd_dssync runs DS-Sync over all ranks; a process_set "
-                         "other than hvd.global_process_set is not supported.")
+    from .scope import scope_of  # scope builds plans: imported here, not at the top
+
+    return scope_of(hvd, process_set)
 
 
 def _digest(value):

@@ -135,6 +135,7 @@ def test_keras_synthetic_benchmark_example_runs(tmp_path):
 
 
 DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.topology", "hvd_dssync.policy", "hvd_dssync.plan",
+                   "hvd_dssync.scope",
                    "hvd_dssync.simulate", "hvd_dssync.guards", "hvd_dssync.__main__"]
 
 
@@ -152,7 +153,7 @@ def test_docstring_examples_run(module):
 PUBLIC_MODULES = ["hvd_dssync", "hvd_dssync.schedules", "hvd_dssync.topology", "hvd_dssync.policy",
                   "hvd_dssync.plan", "hvd_dssync.simulate", "hvd_dssync.torch", "hvd_dssync.keras",
                   "hvd_dssync.keras.callbacks", "hvd_dssync.keras.elastic", "hvd_dssync.watchdog",
-                  "hvd_dssync.guards"]
+                  "hvd_dssync.guards", "hvd_dssync.scope"]
 
 # Public names whose docstring has no Example yet, in modules owned by others: reported, to be fixed there.
 # A name that gains an Example must be removed from this list (the test says so).

@@ -32,3 +32,10 @@ def test_digits_matches_horovod(launcher, np, tmp_path):
     accuracy = {name: r["final_accuracy"] for name, r in json.loads(result.read_text()).items()}
     assert accuracy["horovod"] > 0.9, accuracy
     assert accuracy["dssync"] >= accuracy["horovod"] - 0.01, accuracy
+
+
+def test_process_sets_and_fp16_compression():
+    """Two process sets train side by side in traced steps (exact group means); bad sets refused; fp16 keeps
+    updates below its resolution, within its error bound of the exact group means."""
+    output = run("gloo", 4, "keras_process_sets.py", timeout=420)
+    assert output.count("all checks passed") == 4, output

@@ -64,3 +64,11 @@ def test_scripts_written_for_horovod(launcher, np):
     Horovod's warning and attributes; ranks drifting one step apart all raise an error naming their steps."""
     output = run(launcher, np, "torch_fidelity.py", timeout=240)
     assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher,init", [("gloo", "dynamic"), ("mpi", "static")])
+def test_process_sets_and_fp16_compression(launcher, init):
+    """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps
+    updates below its resolution, within its error bound of the exact group means."""
+    output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300)
+    assert output.count("all checks passed") == 4, output

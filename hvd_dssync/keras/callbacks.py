@@ -4,6 +4,7 @@ in the logs.
 Put them before callbacks that read the logs or save the model (TensorBoard, ModelCheckpoint), so those
 see the distance and the synchronized weights.
 """
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..plan import BSP, ring_allreduce_bytes
@@ -19,8 +20,9 @@ class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
 
     Args:
         every_epoch: also synchronize at the end of every epoch (before later callbacks save it).
-        root_rank: the rank whose bits every rank copies after the average.
+        root_rank: the rank whose bits every rank copies after the average (by default the set's first).
         non_trainable: average non-trainable float variables (BatchNorm statistics) too.
+        process_set: average over this Horovod process set's ranks only (the optimizer's ``process_set``).
 
     Example::
 
@@ -28,18 +30,19 @@ class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
                                    tf.keras.callbacks.ModelCheckpoint("model.keras")])
     """
 
-    def __init__(self, every_epoch=False, root_rank=0, non_trainable=True):
+    def __init__(self, every_epoch=False, root_rank=None, non_trainable=True, process_set=hvd.global_process_set):
         super().__init__()
         self.every_epoch = every_epoch
         self.root_rank = root_rank
         self.non_trainable = non_trainable
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every_epoch:
-            synchronize_models(self.model, self.root_rank, self.non_trainable)
+            synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)
 
     def on_train_end(self, logs=None):
-        synchronize_models(self.model, self.root_rank, self.non_trainable)
+        synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)
 
 
 class ConsensusDistanceCallback(tf.keras.callbacks.Callback):

@@ -8,9 +8,10 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..scope import add_process_set_groups as add_groups, scope_of
 from ..topology import host_name, job_topology as resolve_topology
 
-__all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology"]
+__all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology", "add_process_set_groups"]
 
 
 def _model_variables(model, non_trainable=True):
@@ -22,11 +23,12 @@ def _model_variables(model, non_trainable=True):
     return [v for v in model if v.dtype.is_floating]
 
 
-def synchronize_models(model, root_rank=0, non_trainable=True):
+def synchronize_models(model, root_rank=None, non_trainable=True, process_set=hvd.global_process_set):
     """Replace every rank's model by the exact global average; all ranks end bit-identical.
 
-    ``model`` is a Keras model or a list of variables. The average is one grouped allreduce over all
-    ranks; a broadcast from ``root_rank`` then removes the last-bit differences an allreduce may leave.
+    ``model`` is a Keras model or a list of variables. The average is one grouped allreduce over the ranks
+    of ``process_set`` (call it on each of them); a broadcast from ``root_rank`` (a global rank; by default
+    the set's first) then removes the last-bit differences an allreduce may leave.
 
     Example::
 
@@ -34,34 +36,40 @@ def synchronize_models(model, root_rank=0, non_trainable=True):
         if hvd.rank() == 0:
             model.save("model.keras")
     """
+    scope = scope_of(hvd, process_set)
+    root_rank = scope.ranks[0] if root_rank is None else root_rank
+    if root_rank not in scope.ranks:
+        raise ValueError(f"Arg ``root_rank`` ({root_rank}) must be a rank of the process set {list(scope.ranks)}.")
     variables = _model_variables(model, non_trainable)
-    if hvd.size() == 1 or not variables:
+    if scope.world_size == 1 or not variables:
         return
     averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
-                                     name="DSSync_synchronize_models")
+                                     name="DSSync_synchronize_models", process_set=process_set)
     for v, a in zip(variables, averaged):
         v.assign(a)
-    hvd.broadcast_variables(variables, root_rank=root_rank)
+    hvd.broadcast_variables(variables, root_rank=root_rank, process_set=process_set)
 
 
-def consensus_distance(model, non_trainable=False):
+def consensus_distance(model, non_trainable=False, process_set=hvd.global_process_set):
     """RMS distance of the ranks' weights from their global mean: 0 when all models agree.
 
-    ``sqrt(sum_ranks ||x_r - mean||^2 / (size * numel))``, computed in float64; the same float on
-    every rank (the per-rank terms are allgathered and summed in rank order everywhere).
+    ``sqrt(sum_ranks ||x_r - mean||^2 / (size * numel))`` over the ranks of ``process_set``, computed in
+    float64; the same float on every rank of it (the per-rank terms are allgathered and summed in rank
+    order everywhere).
 
     Example::
 
         print(f"consensus distance {dss.consensus_distance(model):.2e}")
     """
+    size = scope_of(hvd, process_set).world_size
     variables = _model_variables(model, non_trainable)
-    if hvd.size() == 1 or not variables:
+    if size == 1 or not variables:
         return 0.0
     flat = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], axis=0)
-    mean = hvd.allreduce(flat, op=hvd.Average, name="DSSync_consensus_mean")
+    mean = hvd.allreduce(flat, op=hvd.Average, name="DSSync_consensus_mean", process_set=process_set)
     squared = tf.reshape(tf.reduce_sum(tf.square(flat - mean)), [1])
-    per_rank = hvd.allgather(squared, name="DSSync_consensus_sum").numpy()
-    return math.sqrt(math.fsum(per_rank.tolist()) / (hvd.size() * int(flat.shape[0])))
+    per_rank = hvd.allgather(squared, name="DSSync_consensus_sum", process_set=process_set).numpy()
+    return math.sqrt(math.fsum(per_rank.tolist()) / (size * int(flat.shape[0])))
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compile=True, **options):
@@ -118,3 +126,22 @@ def job_topology(spec=None):
                             lambda: hvd.allgather_object(host_name(), name="DSSync_hostnames"))
 
 
+
+
+def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,
+                           schedule_options=None):
+    """Register the groups DS-Sync needs inside ``process_set`` as process sets (a collective).
+
+    As ``hvd_dssync.torch.add_process_set_groups``: for ``DistributedOptimizer(..., process_set=ps)``, call it
+    on *every* rank of the job, in the same order, with the optimizer's schedule arguments, before the
+    optimizer is built on the set's ranks.
+
+    Example::
+
+        ps = hvd.add_process_set([0, 1, 2])                            # every rank
+        dss.add_process_set_groups(ps, group_size=2, seed=0)           # every rank
+        if ps.included():
+            opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), process_set=ps, group_size=2, seed=0)
+    """
+    add_groups(hvd, process_set, num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+               schedule_options=schedule_options)

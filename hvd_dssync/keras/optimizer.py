@@ -189,14 +189,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     gradient, then averages its model inside the group its schedule gives it for this step; the group
     is chosen in the graph, so it changes step by step inside one traced ``model.fit``.
 
-    Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
-    tensors; ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
+    Horovod's arguments keep their meaning where it applies: ``compression`` and ``process_set`` as in
+    the PyTorch adapter (a lossy compressor sends compressed differences from a shared reference; the
+    groups of a process set are registered beforehand on every rank with :func:`add_process_set_groups`);
+    ``op`` (Average or Sum), ``gradient_predivide_factor``, ``sparse_as_dense`` and
     ``device_dense`` apply to the warm-up's gradient allreduce; ``name`` names the Horovod ops.
     ``backward_passes_per_step`` passes sum their gradients (their mean with
     ``average_aggregated_gradients``) and every last one steps, as in Horovod: ``iterations`` counts the
     passes, the DS-Sync step the applied steps. ``device_sparse``, ``groups`` and ``scale_local_gradients``
-    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` and a ``process_set``
-    other than the global one are rejected. Horovod's deprecated
+    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` is rejected. Horovod's deprecated
     ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
@@ -228,7 +229,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     if not _is_keras_optimizer(optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
-    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    in_process_set = scope.world_size != hvd.size()
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
@@ -236,9 +238,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                      average_every=average_every,
                      schedule_options=schedule_options)
     op_name = name or f"DSSync{type(optimizer).__name__}"
-    sync = StepSync(make_plan(**arguments), compression=compression, op=op,
+    sync = StepSync(make_plan(**arguments, scope=scope if in_process_set else None), compression=compression, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-                    device_dense=device_dense, name=op_name, arguments=arguments)
+                    device_dense=device_dense, name=op_name, arguments=arguments,
+                    scope=scope if in_process_set else None,
+                    process_set=process_set if in_process_set else hvd.global_process_set)
     methods = {k: v for k, v in _DSSyncOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
     # The wrapped class's module and name, so a saved model names the plain optimizer (as Horovod's).
     methods["__module__"] = optimizer.__class__.__module__

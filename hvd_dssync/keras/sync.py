@@ -24,6 +24,7 @@ import tensorflow as tf
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, resolve_schedule)
 from ..process_sets import elastic_job, registry_for
+from ..scope import Scope, acquire_registered
 from ..watchdog import describe_wait, process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -38,12 +39,18 @@ _instances = itertools.count()
 
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=None, warmup_steps=0,
-              global_every=0, average_every=1, schedule_options=None):
+              global_every=0, average_every=1, schedule_options=None, scope=None):
     """The :class:`SyncPlan` of this rank; the schedule must keep its groups for the whole run.
 
     The pool of process sets a traced graph can use is fixed when it is traced, so a schedule with
-    windows is refused; "topology" therefore defaults to fixed bridges (``rotate_every=None``).
+    windows is refused; "topology" therefore defaults to fixed bridges (``rotate_every=None``). With
+    ``scope`` (a :class:`hvd_dssync.scope.Scope` of a process set) the plan is that of this rank's position
+    in the set.
     """
+    if scope is not None and (topology is not None or schedule == "topology"):
+        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
+                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
+                         "'butterfly'.")
     options = dict(schedule_options or {})
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     if schedule == "topology":
@@ -51,7 +58,8 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
-    plan = SyncPlan(hvd.rank(), hvd.size(), schedule=schedule, num_groups=num_groups, group_size=group_size,
+    rank, size = (hvd.rank(), hvd.size()) if scope is None else (scope.rank, scope.world_size)
+    plan = SyncPlan(rank, size, schedule=schedule, num_groups=num_groups, group_size=group_size,
                     seed=seed, topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                     average_every=average_every, schedule_options=options)
     if plan.schedule.window_steps is not None:
@@ -76,25 +84,36 @@ class StepSync:
     """
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, device_dense="", name="DSSync", arguments=None):
+                 sparse_as_dense=False, device_dense="", name="DSSync", arguments=None, scope=None,
+                 process_set=hvd.global_process_set):
         self.compression = compression
+        # Inside a process set: the set's ranks, by position (see hvd_dssync.scope); else the whole job.
+        self._scope = scope
+        self.process_set = process_set
+        # Lossy compression's shared reference per variable, and whether it was set (see _average_differences).
+        self._references, self._reference_set = {}, None
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.device_dense = device_dense
         self.arguments = arguments
-        # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
-        # fresh, and its op names must equal the survivors'.
-        self.name = f"{name}_{next(_instances)}"
         self._registry = registry_for(hvd)
         self._watchdog = process_watchdog(hvd.shutdown)
         self._open, self._opened = {}, itertools.count()
         self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         self._use(plan)
+        # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
+        # fresh, and its op names must equal the survivors'.
+        self.name = f"{name}_{next(_instances)}"
 
     def _use(self, plan):
         self.plan = plan
+        if self._in_process_set():
+            # Before this object takes its op-name number: a refused set must not shift the later ones'.
+            acquire_registered(hvd, self._scope, plan.schedule.window_groups(0), "hvd_dssync.keras")
+        else:
+            self._scope = Scope(tuple(range(plan.world_size)), plan.rank)
         self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
                                      if plan.rank in g and 1 < len(g) < plan.world_size}))
         self._table = self._branch_table()
@@ -106,9 +125,9 @@ class StepSync:
         """
         mine = agreement_payload(agreement_fields(self.plan, parameters, options))
         generation = self._registry.refresh()
-        gathered = hvd.allgather(tf.constant(mine), name=f"{self.name}_agreement")
+        gathered = hvd.allgather(tf.constant(mine), name=f"{self.name}_agreement", process_set=self.process_set)
         check_agreement(gathered.numpy(), what=what)
-        if self.plan.world_size > 1:
+        if self.plan.world_size > 1 and not self._in_process_set():
             acquire, _ = self.plan.window_change(0)
             self._registry.acquire(acquire)
         self._generation = generation
@@ -123,7 +142,8 @@ class StepSync:
             generation = self._registry.refresh()
             if generation == self._generation:
                 return
-            if self._generation is not None or (self.plan.world_size, self.plan.rank) != (hvd.size(), hvd.rank()):
+            if self._generation is not None or (not self._in_process_set() and
+                                                (self.plan.world_size, self.plan.rank) != (hvd.size(), hvd.rank())):
                 self.rebuild()
             self.connect(what, parameters, options)
 
@@ -140,6 +160,8 @@ class StepSync:
                                "its arguments, so it cannot rebuild its schedule.")
         self._use(make_plan(**arguments_for_world(self.arguments, hvd.size())))
         self._generation = None
+        if self._reference_set is not None:
+            self._reference_set.assign(False)
 
     def world_check(self):
         """Under elastic Horovod, ops that fail if Horovod's world is no longer the one this was traced for.
@@ -218,7 +240,7 @@ class StepSync:
             return hvd.grouped_allreduce(dense, op=self.op, compression=self.compression,
                                          prescale_factor=prescale, postscale_factor=postscale,
                                          device_dense=self.device_dense, ignore_name_scope=True,
-                                         name=f"{self.name}_bsp")
+                                         name=f"{self.name}_bsp", process_set=self.process_set)
 
         bsp = tf.cast(step, tf.int64) < self.plan.policy.warmup_steps
         begun = self._begin(tf.where(bsp, _GLOBAL, _KEEP), step, "bsp")
@@ -244,11 +266,14 @@ class StepSync:
         begun = self._begin(branch, step, "group")
         with tf.control_dependencies(check + [begun]):
             values = [tf.identity(v) for v in variables]
-        branches = [lambda: [tf.identity(v) for v in values],
-                    lambda: self._allreduce(values, hvd.global_process_set, "global")]
-        for group in self._groups:
-            branches.append(lambda g=group: self._allreduce(values, self._registry.get(g), "group"))
-        averaged = tf.switch_case(branch, branches, name=f"{self.name}_switch")
+        if self.compression is not hvd.Compression.none:
+            averaged = self._average_differences(variables, values, branch, step)
+        else:
+            branches = [lambda: [tf.identity(v) for v in values],
+                        lambda: self._allreduce(values, self.process_set, "global")]
+            for group in self._groups:
+                branches.append(lambda g=group: self._allreduce(values, self._set_of(g), "group"))
+            averaged = tf.switch_case(branch, branches, name=f"{self.name}_switch")
         with tf.control_dependencies([v.assign(a) for v, a in zip(variables, averaged)]):
             return self._end(begun)
 
@@ -259,8 +284,8 @@ class StepSync:
         the process's watchdog (see :mod:`hvd_dssync.watchdog`), naming the group, which is resolved here
         at trace time. :meth:`_end` closes it.
         """
-        rank, world = self.plan.rank, tuple(range(self.plan.world_size))
-        groups = {_GLOBAL: world, **{_FIRST_GROUP + i: g for i, g in enumerate(self._groups)}}
+        rank, world = hvd.rank(), self._scope.ranks
+        groups = {_GLOBAL: world, **{_FIRST_GROUP + i: self._scope.to_global(g) for i, g in enumerate(self._groups)}}
 
         def begin(branch, step):
             group = groups.get(int(branch))
@@ -284,6 +309,68 @@ class StepSync:
             return np.int64(0)
 
         return tf.numpy_function(end, [opened], tf.int64, stateful=True, name=f"{self.name}_end")
+
+    def _in_process_set(self):
+        return self.process_set is not hvd.global_process_set
+
+    def _set_of(self, group):
+        """The Horovod process set of ``group`` (positions in the scope)."""
+        return self._registry.get(self._scope.to_global(group))
+
+    def _reference_of(self, variable):
+        key = variable.ref()
+        if key not in self._references:
+            with tf.init_scope():
+                if self._reference_set is None:
+                    self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
+                self._references[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                                    name="dssync_reference")
+        return self._references[key]
+
+    def _average_differences(self, variables, values, branch, step):
+        """Lossy compression: the group's models averaged through compressed differences from a shared reference.
+
+        As the PyTorch adapter's (``hvd_dssync.torch.optimizer``): rank ``j`` sends ``C(x_j - r)`` and keeps
+        ``r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``, so the group's mean is kept and an update below
+        the compression's resolution is carried, not rounded away. ``r`` is set by an exact average over the
+        scope at the first step after the warm-up (the same step on every rank, whatever its group) and
+        moved by global averages only.
+        """
+        references = [self._reference_of(v) for v in variables]
+        compression = self.compression
+
+        def establish():
+            exact = hvd.grouped_allreduce(values, op=hvd.Average, process_set=self.process_set,
+                                          device_dense=self.device_dense, ignore_name_scope=True,
+                                          name=f"{self.name}_reference")
+            with tf.control_dependencies([r.assign(e) for r, e in zip(references, exact)]
+                                         + [self._reference_set.assign(True)]):
+                return [tf.identity(e) for e in exact]
+
+        def through(process_set, kind, moves_reference):
+            def mix():
+                differences = [v - r for v, r in zip(values, references)]
+                compressed, contexts = zip(*(compression.compress(d) for d in differences))
+                averaged = hvd.grouped_allreduce(list(compressed), op=hvd.Average, process_set=process_set,
+                                                 device_dense=self.device_dense, ignore_name_scope=True,
+                                                 name=f"{self.name}_{kind}_{process_set.process_set_id}")
+                received = [compression.decompress(a, ctx) for a, ctx in zip(averaged, contexts)]
+                mixed = [r + a + (d - compression.decompress(c, ctx))
+                         for r, a, d, c, ctx in zip(references, received, differences, compressed, contexts)]
+                if not moves_reference:
+                    return mixed
+                with tf.control_dependencies(mixed):
+                    moved = [r.assign_add(a) for r, a in zip(references, received)]
+                with tf.control_dependencies(moved):
+                    return [tf.identity(m) for m in mixed]
+            return mix
+
+        branches = [lambda: [tf.identity(v) for v in values], through(self.process_set, "global", True)]
+        for group in self._groups:
+            branches.append(through(self._set_of(group), "group", False))
+        first = tf.logical_and(tf.logical_not(self._reference_set),
+                               tf.cast(step, tf.int64) >= self.plan.policy.warmup_steps)
+        return tf.cond(first, establish, lambda: tf.switch_case(branch, branches, name=f"{self.name}_switch"))
 
     def _allreduce(self, values, process_set, kind):
         return hvd.grouped_allreduce(values, op=hvd.Average, compression=self.compression,

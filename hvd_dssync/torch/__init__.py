@@ -17,8 +17,9 @@ from ..process_sets import enable_dynamic_process_sets
 
 enable_dynamic_process_sets()
 
-from .functions import consensus_distance, init, job_topology, probe_topology, synchronize_models  # noqa: E402
+from .functions import (add_process_set_groups, consensus_distance, init, job_topology, probe_topology,  # noqa: E402
+                        synchronize_models)
 from .optimizer import DistributedOptimizer  # noqa: E402
 
 __all__ = ["DistributedOptimizer", "synchronize_models", "consensus_distance", "job_topology", "probe_topology",
-           "init"]
+           "init", "add_process_set_groups"]

@@ -7,9 +7,11 @@ import torch
 
 from ..plan import SyncPlan, resolve_schedule
 from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
+from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
 from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
 
-__all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init"]
+__all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init",
+           "add_process_set_groups"]
 
 
 def _model_tensors(model, buffers=True):
@@ -26,12 +28,12 @@ def _finish_pending_averages():
         optimizer.finish_pending()
 
 
-def synchronize_models(model, root_rank=0, buffers=True):
+def synchronize_models(model, root_rank=None, buffers=True, process_set=hvd.global_process_set):
     """Replace every rank's model by the exact global average; all ranks end bit-identical.
 
-    Call it on every rank, e.g. at the end of training or before saving. The average is one grouped
-    allreduce over all ranks; a broadcast from ``root_rank`` then removes the last-bit differences an
-    allreduce may leave between ranks.
+    Call it on every rank (of ``process_set``), e.g. at the end of training or before saving. The average
+    is one grouped allreduce over the ranks of ``process_set``; a broadcast from ``root_rank`` (a global
+    rank; by default the set's first rank) then removes the last-bit differences an allreduce may leave.
 
     Example::
 
@@ -39,38 +41,44 @@ def synchronize_models(model, root_rank=0, buffers=True):
         if hvd.rank() == 0:
             torch.save(model.state_dict(), "model.pt")
     """
+    scope = scope_of(hvd, process_set)
+    root_rank = scope.ranks[0] if root_rank is None else root_rank
+    if root_rank not in scope.ranks:
+        raise ValueError(f"Arg ``root_rank`` ({root_rank}) must be a rank of the process set {list(scope.ranks)}.")
     _finish_pending_averages()
     tensors = _model_tensors(model, buffers)
-    if hvd.size() == 1 or not tensors:
+    if scope.world_size == 1 or not tensors:
         return
     with torch.no_grad():
-        hvd.grouped_allreduce_(tensors, name="dssync.synchronize_models", op=hvd.Average)
-        handles = [hvd.broadcast_async_(t, root_rank, name=f"dssync.synchronize_models.{i}")
+        hvd.grouped_allreduce_(tensors, name="dssync.synchronize_models", op=hvd.Average, process_set=process_set)
+        handles = [hvd.broadcast_async_(t, root_rank, name=f"dssync.synchronize_models.{i}", process_set=process_set)
                    for i, t in enumerate(tensors)]
         for handle in handles:
             hvd.synchronize(handle)
 
 
-def consensus_distance(model, buffers=False):
+def consensus_distance(model, buffers=False, process_set=hvd.global_process_set):
     """RMS distance of the ranks' parameters from their global mean: 0 when all models agree.
 
-    ``sqrt(sum_ranks ||x_r - mean||^2 / (size * numel))``; a collective returning the same float on every
-    rank (the per-rank terms are allgathered and summed in rank order everywhere).
+    ``sqrt(sum_ranks ||x_r - mean||^2 / (size * numel))`` over the ranks of ``process_set``; a collective
+    returning the same float on every rank of it (the per-rank terms are allgathered and summed in rank
+    order everywhere).
 
     Example::
 
         print(f"consensus distance {dss.consensus_distance(model):.2e}")
     """
+    size = scope_of(hvd, process_set).world_size
     _finish_pending_averages()
     tensors = _model_tensors(model, buffers)
     flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
-    if hvd.size() == 1:
+    if size == 1:
         return 0.0
-    mean = hvd.allreduce(flat, name="dssync.consensus.mean", op=hvd.Average)
+    mean = hvd.allreduce(flat, name="dssync.consensus.mean", op=hvd.Average, process_set=process_set)
     squared = ((flat - mean) ** 2).sum().reshape(1)
-    per_rank = hvd.allgather(squared, name="dssync.consensus.sum")
+    per_rank = hvd.allgather(squared, name="dssync.consensus.sum", process_set=process_set)
     total = math.fsum(per_rank.tolist())
-    return math.sqrt(total / (hvd.size() * flat.numel()))
+    return math.sqrt(total / (size * flat.numel()))
 
 
 def job_topology(spec=None):
@@ -136,7 +144,7 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
 
 
 def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
-         world_size=None, schedule_options=None):
+         world_size=None, schedule_options=None, process_sets=None):
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
@@ -146,6 +154,10 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     set by the user), so no other process set can be added later. A schedule with finite windows gets
     dynamic process sets. Pass the same schedule arguments to :func:`DistributedOptimizer` afterwards.
 
+    With ``process_sets`` (Horovod ``ProcessSet`` objects, as for ``hvd.init``), DS-Sync will train inside
+    each of them (``DistributedOptimizer(..., process_set=ps)``): those sets and each one's groups are
+    registered, statically, instead of the whole job's groups. Call it on every rank.
+
     The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``.
 
     Example::
@@ -153,6 +165,10 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
         dss.init(schedule="butterfly")
         opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="butterfly")
     """
+    if process_sets is not None:
+        _init_with_process_sets(comm, list(process_sets), dict(num_groups=num_groups, group_size=group_size,
+                                seed=seed, schedule=schedule, schedule_options=schedule_options))
+        return
     size = world_size or _launcher_world_size(comm)
     static = None
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
@@ -169,6 +185,41 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
         use_static_process_sets()
         hvd.init(comm=comm, process_sets=[hvd.ProcessSet(list(g)) for g in static])
     registry_for(hvd).reset()
+
+
+def _init_with_process_sets(comm, process_sets, schedule_arguments):
+    """``hvd.init`` with the user's sets and, statically, the groups DS-Sync needs inside each."""
+    if any(not isinstance(ps, hvd.ProcessSet) or ps.ranks is None for ps in process_sets):
+        raise ValueError("Arg ``process_sets`` must be a list of hvd.ProcessSet objects made from lists of ranks.")
+    taken = {tuple(ps.ranks) for ps in process_sets}
+    groups = []
+    for ps in process_sets:
+        groups += [g for g in process_set_groups(ps.ranks, **schedule_arguments) if g not in taken]
+        taken.update(groups)
+    hvd.init(comm=comm, process_sets=process_sets + [hvd.ProcessSet(list(g)) for g in groups])
+    registry_for(hvd).reset()
+
+
+def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,
+                           schedule_options=None):
+    """Register the groups DS-Sync needs inside ``process_set`` as dynamic process sets (a collective).
+
+    For :func:`DistributedOptimizer` with ``process_set=``: ``hvd.add_process_set`` involves every rank of
+    the job, so call this on *every* rank, in the same order, with the optimizer's schedule arguments;
+    the optimizer itself (on the set's ranks only) then finds its groups registered. :func:`init` with
+    ``process_sets=`` does the same statically, at ``hvd.init``.
+
+    Example::
+
+        hvd.init()
+        ps = hvd.add_process_set([0, 1, 2])                            # every rank
+        dss.add_process_set_groups(ps, group_size=2, seed=0)           # every rank
+        if ps.included():
+            opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           process_set=ps, group_size=2, seed=0)
+    """
+    add_groups(hvd, process_set, num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+               schedule_options=schedule_options)
 
 
 def _launcher_world_size(comm):

@@ -10,6 +10,7 @@ notices it (this rank, the world size or the registered process sets changed), r
 the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
 import atexit
+import collections
 import contextlib
 import itertools
 import os
@@ -26,6 +27,7 @@ from ..guards import check_nccl_process_sets, describe_step_drift, step_signatur
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
+from ..scope import acquire_registered
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
 
@@ -35,9 +37,10 @@ __all__ = ["DistributedOptimizer"]
 _live_optimizers = weakref.WeakSet()
 _exit = {"drain_registered": False, "uncaught_exception": False}
 EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
-# Each optimizer's ops carry its number in construction order, the same on every rank, so that two
+# Each optimizer's ops carry its process set and its number in construction order among the optimizers of
+# that set, the same on every member (ranks outside a set build none of its optimizers), so that two
 # optimizers' averages in flight at once never share an op name.
-_construction_order = itertools.count()
+_construction_order = collections.defaultdict(itertools.count)
 # Horovod's warning, word for word, so that scripts see what they know.
 SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
                        "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
@@ -78,14 +81,28 @@ def _drain_before_shutdown():
     if _exit["uncaught_exception"] or not hvd.is_initialized():
         return
     try:
-        for optimizer in list(_live_optimizers):
+        optimizers = list(_live_optimizers)
+        for optimizer in optimizers:
             optimizer.finish_pending()
-        handle = hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum)
+        handles = [hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum, process_set=process_set)
+                   for process_set in _exit_process_sets(optimizers)]
         deadline = time.monotonic() + float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
-        while not hvd.poll(handle) and time.monotonic() < deadline:
+        while not all(hvd.poll(h) for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
     except Exception:  # Horovod already shut down by a failing peer: nothing left to drain
         pass
+
+
+def _exit_process_sets(optimizers):
+    """Where the exit drain meets: all ranks, unless every optimizer trains inside a process set.
+
+    Ranks outside a set may never build a DS-Sync optimizer, so they would not join a global drain; every
+    member of a set has the same optimizers, so one drain per set, in id order, is met by all of them.
+    """
+    sets = {o._process_set.process_set_id: o._process_set for o in optimizers}
+    if not sets or 0 in sets:
+        return [hvd.global_process_set]
+    return [sets[i] for i in sorted(sets)]
 
 
 def _check_named_parameters(optimizer, named_parameters):
@@ -118,7 +135,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model,
-                 average_buffers, overlap):
+                 average_buffers, overlap, scope):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -136,7 +153,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._model = model
         self._average_buffers = average_buffers
         self._overlap = overlap
-        self._name = f"dssync.{next(_construction_order)}"
+        set_id = process_set.process_set_id
+        self._name = f"dssync.{next(_construction_order[set_id])}" if set_id == 0 else \
+            f"dssync.set{set_id}.{next(_construction_order[set_id])}"
+        self._scope = scope
+        self._process_set = process_set
+        # The last averaged model all ranks share, for lossy compression (see _average_differences).
+        self._reference = None
         self._registry = registry_for(hvd)
         self._generation = self._registry.refresh()
         self._pending = None
@@ -147,6 +170,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
         self._watchdog = process_watchdog(hvd.shutdown)
+        if self._in_process_set():
+            acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer")
         if not self._world_check_pending:
             self._check_ranks_agree()
         _watch_until_exit(self)
@@ -272,12 +297,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         Horovod's resume recipe loads a checkpoint on rank 0 alone, then broadcasts the optimizer state,
         which carries no plain attribute such as the step (and nothing at all for a stateless optimizer).
         The first step after construction is the one point where every rank is sure to be, so every
-        rank takes rank 0's step there.
+        rank takes rank 0's step there (inside a process set, that of the set's first rank).
         """
         if self._world_check_pending or self._world_changed():
             self._join_world()
         elif not self._step_settled:
-            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), 0, name=f"{self._name}.step")
+            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), self._scope.to_global((0,))[0],
+                                 name=f"{self._name}.step", process_set=self._process_set)
             self.sync_step = int(step.item())
         self._step_settled = True
 
@@ -303,6 +329,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         broadcast to the newcomers.
         """
         self._pending = None
+        self._reference = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
@@ -358,11 +385,17 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._record(action, 0.0, 0)
             return
         change = self._plan.window_change(self.sync_step)
-        if change is not None:
+        if change is not None and not self._in_process_set():
             acquire, release = change
             self._registry.acquire(acquire)
             self._registry.release(release)
-        process_set = hvd.global_process_set if action.kind == GLOBAL else self._registry.get(action.group)
+        if self._compression is not hvd.Compression.none and self._reference is None:
+            self._establish_reference(action)
+            return
+        process_set = self._process_set_of(action)
+        if process_set is None:
+            self._record(action, 0.0, 0)
+            return
         if len(action.group) == 1:
             # Nobody to average with, so the model stays put; one tiny op on this rank's own set all the same,
             # since Horovod names a user's unnamed ops by counting every op of the process: every rank must
@@ -385,17 +418,64 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._pending = (handle, tensors, sent, received, signature, action, self.sync_step, process_set,
                              started, sent_bytes)
             return
-        compressed = [self._compression.compress(t) for t in tensors]
         with self._bounded(action, self.sync_step):
-            if all(c is t for (c, _), t in zip(compressed, tensors)):
+            if self._compression is hvd.Compression.none:
                 hvd.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
             else:
-                *averaged, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature], name=name,
-                                                             op=hvd.Average, process_set=process_set)
-                for t, a, (_, ctx) in zip(tensors, averaged, compressed):
-                    t.copy_(self._compression.decompress(a, ctx))
+                sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
         self._record(action, time.perf_counter() - started, sent_bytes)
+
+    # --- inside a process set, and lossy compression -----------------------------------------
+
+    def _in_process_set(self):
+        return self._process_set is not hvd.global_process_set
+
+    def _process_set_of(self, action):
+        """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
+        if action.kind == GLOBAL or len(action.group) == self._scope.world_size:
+            return self._process_set
+        if self._in_process_set() and len(action.group) == 1:
+            return None  # a group of one keeps its model; no set was registered for it
+        return self._registry.get(self._scope.to_global(action.group))
+
+    def _establish_reference(self, action):
+        """The first averaging step under lossy compression: an exact average over the scope sets the reference.
+
+        Every rank of the scope reaches its first averaging step at the same step, whatever its group.
+        """
+        tensors = [t.data for _, t in self._averaged_tensors()]
+        started = time.perf_counter()
+        everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+        with self._bounded(everyone, self.sync_step):
+            hvd.grouped_allreduce_(tensors, name=f"{self._name}.reference.{self._process_set.process_set_id}",
+                                   op=hvd.Average, process_set=self._process_set)
+        self._reference = [t.detach().clone() for t in tensors]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(self._scope.world_size, nbytes))
+
+    def _average_differences(self, tensors, action, process_set, name, signature):
+        """Average the group's models through their compressed differences from the shared reference.
+
+        Rank ``j`` sends ``C(x_j - r)`` and keeps ``x_j <- r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``:
+        the group's mean is kept exactly (up to the collective's own arithmetic on the compressed
+        differences), and each rank stays within its own compression error of it, so an update smaller
+        than the compression's resolution is carried, never rounded away. ``r`` must be the same on every
+        member: set by an exact average over the scope, moved by global averages only. The step signature
+        rides along uncompressed. Returns the bytes sent and the averaged signature.
+        """
+        compression = self._compression
+        differences = [t - r for t, r in zip(tensors, self._reference)]
+        compressed, contexts = zip(*(compression.compress(d) for d in differences))
+        *averaged, signature = hvd.grouped_allreduce(list(compressed) + [signature], name=name, op=hvd.Average,
+                                                     process_set=process_set)
+        for t, r, d, c, a, ctx in zip(tensors, self._reference, differences, compressed, averaged, contexts):
+            received = compression.decompress(a, ctx)
+            t.copy_(r + received + (d - compression.decompress(c, ctx)))
+            if action.kind == GLOBAL:
+                r.add_(received)
+        nbytes = sum(c.numel() * c.element_size() for c in compressed)
+        return ring_allreduce_bytes(len(action.group), nbytes), signature
 
     def _average_gradients(self):
         params = [p for _, p in self._named_parameters if p.requires_grad]
@@ -416,9 +496,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         with self._bounded(action, self.sync_step):
             *reduced, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature],
                                                         name=f"{self._name}.bsp", op=self.op,
-                                                        prescale_factor=prescale, postscale_factor=postscale)
-        self._check_steps(signature * (hvd.size() if self.op == hvd.Average else 1), action,
-                          hvd.global_process_set, self.sync_step)
+                                                        prescale_factor=prescale, postscale_factor=postscale,
+                                                        process_set=self._process_set)
+        self._check_steps(signature * (self._scope.world_size if self.op == hvd.Average else 1), action,
+                          self._process_set, self.sync_step)
         for p, g, r, (_, ctx) in zip(params, grads, reduced, compressed):
             g.copy_(self._compression.decompress(r, ctx))
             if p.grad.is_sparse:
@@ -440,7 +521,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def _bounded(self, action, step):
         """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""
-        what = describe_wait(hvd.rank(), action.group, step, action.kind)
+        what = describe_wait(hvd.rank(), self._scope.to_global(action.group), step, action.kind)
         try:
             with self._watchdog.watching(what):
                 yield
@@ -451,7 +532,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             raise RuntimeError(self._watchdog.expired) from e
 
     def _record(self, action, seconds, nbytes):
-        self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": action.group,
+        self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": self._scope.to_global(action.group),
                           "seconds": seconds, "bytes_sent": nbytes}
 
     def _check_ranks_agree(self, with_step=False):
@@ -463,13 +544,16 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         options = {"overlap": self._overlap, "backward_passes_per_step": self.backward_passes_per_step,
                    "op": str(self.op), "op names": self._name}
         mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
-        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement").numpy()
-        ranks = check_agreement(gathered, what="hvd_dssync.torch.DistributedOptimizer")
+        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self._process_set)
+        ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
         return ranks[0]["step"] if with_step else self.sync_step
 
 
-def _make_plan(arguments):
-    return SyncPlan(hvd.rank(), hvd.size(), **arguments)
+def _make_plan(arguments, scope=None):
+    """The plan of this rank: in the whole job, or at its position in ``scope`` (a process set)."""
+    if scope is None:
+        return SyncPlan(hvd.rank(), hvd.size(), **arguments)
+    return SyncPlan(scope.rank, scope.world_size, **arguments)
 
 
 def _portable(arguments):
@@ -506,13 +590,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     its schedule gives it for this step; the groups shuffle from step to step so that all models reach
     consensus. No gradient is allreduced outside the warm-up.
 
-    Horovod's arguments keep their meaning where it applies: ``compression`` compresses the averaged
-    tensors; ``op`` (Average or Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the
-    warm-up's gradient allreduce; ``backward_passes_per_step`` gradients simply accumulate between
-    steps; ``groups`` (Horovod's fusion grouping) is accepted and has nothing to act on, since the whole
-    model is one grouped allreduce per step. ``op=hvd.Adasum`` and a ``process_set`` other than the global
-    one are rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is replaced by DS-Sync's
-    ``num_groups``.
+    Horovod's arguments keep their meaning where it applies: a lossy ``compression`` (``hvd.Compression.fp16``)
+    compresses each rank's difference from a reference all ranks share, and each rank keeps its own
+    compression error, so updates below the compression's resolution are not lost (the first averaging
+    step is an exact average over the ranks that sets the reference; global averages move it; it costs one
+    copy of the averaged tensors). ``process_set`` runs DS-Sync among that set's ranks only (build and step
+    the optimizer on them alone, as with Horovod); its groups must be registered beforehand by every rank
+    of the job, with :func:`init` (``process_sets=``) or :func:`add_process_set_groups`. ``op`` (Average or
+    Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the warm-up's gradient allreduce;
+    ``backward_passes_per_step`` gradients simply accumulate between steps; ``groups`` (Horovod's fusion
+    grouping) is accepted and has nothing to act on, since the whole model is one grouped allreduce per
+    step. ``op=hvd.Adasum`` is rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is
+    replaced by DS-Sync's ``num_groups``.
 
     Without DS-Sync arguments the schedule is chosen from the job: "topology" when the racks are known
     (``topology=`` or ``HVD_DSSYNC_TOPOLOGY``), else random groups ("shuffle") of
@@ -547,20 +636,29 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                                        num_groups=2, seed=0)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
-    check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
+    in_process_set = scope.world_size != hvd.size()
+    if in_process_set and (topology is not None or schedule == "topology"):
+        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
+                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
+                         "'butterfly'.")
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
     plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
                           topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                           average_every=average_every, schedule_options=schedule_options)
-    plan = _make_plan(plan_arguments)
+    plan = _make_plan(plan_arguments, scope)
+    if in_process_set and plan.schedule.window_steps is not None:
+        raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
+                         f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "
+                         "once, by every rank of the job; use one endless window (window_steps=None).")
     check_nccl_process_sets(plan.schedule.window_steps, hvd.nccl_built(),
                             on_gpu=any(p.is_cuda for _, p in named_parameters),
                             gpu_operations=os.environ.get("HOROVOD_GPU_ALLREDUCE") or
@@ -569,5 +667,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         warnings.warn("overlap=True does nothing with one rank.")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model, average_buffers,
-               overlap)
+               gradient_predivide_factor, sparse_as_dense, process_set if in_process_set else hvd.global_process_set,
+               plan, plan_arguments, model, average_buffers, overlap, scope)

@@ -92,11 +92,8 @@ def bad_inputs():
     expect_error("adasum", lambda: optimizer(num_groups=1, op=hvd.Adasum), "``op=hvd.Adasum``")
     expect_error("backward_passes_per_step", lambda: optimizer(num_groups=1, backward_passes_per_step=0),
                  "``backward_passes_per_step``", "positive integer")
-    if SIZE > 1:
-        subset = hvd.add_process_set([0])
-        expect_error("process_set", lambda: optimizer(num_groups=1, process_set=subset), "``process_set``",
-                     "not supported")
-        hvd.remove_process_set(subset)
+    expect_error("process_set", lambda: optimizer(num_groups=1, process_set=hvd.ProcessSet([0])), "``process_set``",
+                 "not registered")
     expect_error("not an optimizer", lambda: dss.DistributedOptimizer(object(), num_groups=1), "``optimizer``")
     model = torch.nn.Linear(3, 2)
     expect_error("duplicate names", lambda: dss.DistributedOptimizer(

@@ -1,0 +1,147 @@
+"""DS-Sync inside one Horovod process set, for both adapters.
+
+Horovod trains data-parallel inside a process set (``hvd.DistributedOptimizer(opt, process_set=ps)``):
+only ``ps``'s ranks build that optimizer and step it. DS-Sync then runs among those ranks alone: its world
+is the set, the schedule is indexed by position in the set (position ``i`` is global rank
+``sorted(ps.ranks)[i]``), its groups are process sets of the matching global ranks, and the warm-up's
+gradient allreduce and the global averages use ``ps`` itself. Ranks outside ``ps`` are untouched.
+
+``hvd.add_process_set`` is a collective over *every* rank of the job, in the same order everywhere, and
+the ranks outside ``ps`` never build the optimizer, so the optimizer cannot register its groups itself.
+They are registered up front on every rank: statically (``hvd_dssync.torch.init(process_sets=...)``, or
+``hvd.init(process_sets=...)`` with :func:`process_set_groups`), or dynamically
+(:func:`add_process_set_groups` on every rank). The optimizer only looks them up (Horovod's table is the
+same on every rank) and raises the same error on every rank of the set, before communicating, when one is
+missing. For the same reason schedules whose groups change by window, and elastic Horovod (which drops
+every set at a reset), are refused inside a process set.
+"""
+from typing import NamedTuple
+
+from .plan import SyncPlan
+from .process_sets import _horovod_table, elastic_job, registry_for
+
+__all__ = ["Scope", "scope_of", "process_set_groups", "add_process_set_groups", "acquire_registered"]
+
+
+class Scope(NamedTuple):
+    """The ranks DS-Sync runs among (global ranks, sorted) and this rank's position among them.
+
+    Example::
+
+        >>> scope = Scope(ranks=(1, 3), rank=1)
+        >>> scope.world_size, scope.to_global((0, 1))
+        (2, (1, 3))
+    """
+    ranks: tuple
+    rank: int
+
+    @property
+    def world_size(self):
+        return len(self.ranks)
+
+    def to_global(self, group):
+        """``group`` (positions in the scope) as global ranks."""
+        return tuple(self.ranks[i] for i in group)
+
+
+def _is_global(hvd, process_set):
+    return process_set is hvd.global_process_set or getattr(process_set, "process_set_id", None) == 0
+
+
+def scope_of(hvd, process_set):
+    """The :class:`Scope` of an optimizer given ``process_set``; validated here, no communication.
+
+    The global set gives the whole job. Another set must be registered with Horovod and contain this
+    rank, outside elastic Horovod; each violation raises a ``ValueError`` naming ``process_set``.
+
+    Example::
+
+        scope = scope_of(hvd, ps)    # ps = hvd.ProcessSet([2, 3]) on rank 3: Scope(ranks=(2, 3), rank=1)
+    """
+    if _is_global(hvd, process_set):
+        return Scope(tuple(range(hvd.size())), hvd.rank())
+    if not hasattr(process_set, "process_set_id") or not hasattr(process_set, "ranks"):
+        raise TypeError(f"Arg ``process_set`` must be a Horovod ProcessSet, got {type(process_set).__name__}.")
+    if process_set.process_set_id is None or process_set.ranks is None:
+        raise ValueError(f"Arg ``process_set`` ({process_set}) is not registered with Horovod: pass it to "
+                         "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank first.")
+    ranks = tuple(sorted(process_set.ranks))
+    if hvd.rank() not in ranks:
+        raise ValueError(f"Arg ``process_set``: rank {hvd.rank()} is not in it (ranks {list(ranks)}); as with "
+                         "Horovod, only the set's ranks build and step its optimizer.")
+    if elastic_job():
+        raise ValueError("Arg ``process_set`` other than the global set is not supported under elastic Horovod, "
+                         "which drops every process set when the world changes.")
+    return Scope(ranks, ranks.index(hvd.rank()))
+
+
+def process_set_groups(ranks, num_groups=None, group_size=None, seed=0, schedule=None,
+                       schedule_options=None):
+    """The groups, as global ranks, that DS-Sync needs registered as process sets inside ``ranks``.
+
+    Give the schedule arguments of the optimizer that will train inside the set. Groups of one rank do not
+    communicate, and the group of the whole set is the set itself, so neither is listed. A schedule whose
+    groups change by window raises a ``ValueError`` (they could not be registered without the other ranks).
+
+    Example::
+
+        >>> process_set_groups([4, 5, 6, 7], schedule="butterfly")
+        ((4, 5), (4, 6), (5, 7), (6, 7))
+    """
+    ranks = tuple(sorted(ranks))
+    plan = SyncPlan(0, len(ranks), schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
+                    schedule_options=schedule_options)
+    if plan.schedule.window_steps is not None:
+        raise ValueError(f"schedule {plan.schedule!r} changes its groups every {plan.schedule.window_steps} steps "
+                         "(window_steps); inside a process set the groups are registered once, by every rank of "
+                         "the job, so use a schedule with one endless window (window_steps=None).")
+    scope = Scope(ranks, 0)
+    return tuple(sorted(scope.to_global(g) for g in plan.schedule.window_groups(0) if 1 < len(g) < len(ranks)))
+
+
+def add_process_set_groups(hvd, process_set, **schedule_arguments):
+    """Register the groups DS-Sync needs inside ``process_set`` (dynamic process sets; a collective).
+
+    Call it on *every* rank of the job, in the same order, with the schedule arguments of the optimizer
+    that will train inside the set (``num_groups``, ``group_size``, ``seed``, ``schedule``,
+    ``schedule_options``); ``hvd`` is the framework's Horovod module. The sets stay registered for the
+    life of the job.
+
+    Example::
+
+        ps = hvd.add_process_set([0, 1, 2])                   # on every rank
+        add_process_set_groups(hvd, ps, group_size=2)         # on every rank
+        if ps.included():
+            opt = dss.DistributedOptimizer(opt, process_set=ps, group_size=2)
+    """
+    ranks = getattr(process_set, "ranks", None)
+    if getattr(process_set, "process_set_id", None) is None or ranks is None:
+        raise ValueError(f"Arg ``process_set`` ({process_set}) is not registered with Horovod: register it on "
+                         "every rank first (hvd.add_process_set or hvd.init(process_sets=...)).")
+    registry_for(hvd).acquire(process_set_groups(ranks, **schedule_arguments))
+
+
+def acquire_registered(hvd, scope, groups, what):
+    """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod already holds.
+
+    Inside a process set nothing may be registered (the other ranks would not take part), so a missing
+    group raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank, before
+    any communication. Returns the groups as global ranks.
+
+    Example::
+
+        acquire_registered(hvd, Scope((1, 2, 3), 0), [(0, 1), (1, 2)], "my optimizer")  # [(1, 2), (2, 3)]
+    """
+    wanted = sorted({scope.to_global(g) for g in groups if 1 < len(g) < scope.world_size})
+    table = {tuple(sorted(r)) for r in _horovod_table().values()}
+    missing = [g for g in wanted if g not in table]
+    if missing:
+        raise RuntimeError(
+            f"{what}: DS-Sync inside the process set of ranks {list(scope.ranks)} needs its groups {missing} "
+            "registered as process sets by every rank of the job, which the ranks outside the set cannot do "
+            "from here. Register them up front on every rank: hvd_dssync.torch.init(process_sets=[...], ...) or "
+            "hvd.init(process_sets=...) with hvd_dssync.scope.process_set_groups(...), or "
+            "add_process_set_groups(process_set, ...) after hvd.add_process_set, with the optimizer's schedule "
+            "arguments.")
+    registry_for(hvd).acquire(wanted)
+    return wanted
