@@ -54,6 +54,26 @@ def test_smoke_two_namespaces_dssync_crosses_the_shaped_link_and_is_torn_down():
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.multirank
+def test_loopback_local_steps_and_a_straggler_reach_the_record():
+    """dssync-local on 2 loopback ranks: it averages on 1 step in ``local_period``, the others are
+    "local", and rank 0, the straggler of the whole run (seed 1), sleeps its delay on every step."""
+    from hvd_dssync.bench.contenders import run_contender
+    from hvd_dssync.bench.testbed import LoopbackBed
+
+    config = dict(SMOKE_CONFIG, seed=1, steps=6, eval_every=3, local_period=3,
+                  stragglers={"period": 1000.0, "slow": 1000.0, "delay": 0.05})
+    assert straggler_at(0.0, 1, 2, 1000.0, 1000.0) == 0
+    with LoopbackBed([1, 1]) as bed:
+        record = run_contender(bed, "dssync-local", config, timeout=60)
+    assert record["steps"] == 6 and sum(record["step_kinds"].values()) == 6
+    assert record["step_kinds"]["local"] == 4, record["step_kinds"]
+    assert record["slowed_seconds"] == pytest.approx(6 * 0.05)
+    assert min(record["step_times"]) >= 0.05
+    row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_change": None}, config)
+    assert row["bottleneck_bytes_estimate"] == pytest.approx(2 * record["model_bytes"])  # 2 global pair averages
+
+
 @needs_namespaces
 def test_a_killed_run_is_cleaned_up_by_the_next():
     code = ("import sys, time; sys.path.insert(0, %r)\n"
@@ -77,6 +97,8 @@ def test_estimated_bottleneck_bytes_follow_the_ring():
     assert report.estimate_bottleneck_bytes("horovod-bsp", 10, racks, 1000, config) == pytest.approx(10 * 1750)
     # Topology-aware: one bridge pair per 4 steps; a pair's ring sends the whole model each way.
     assert report.estimate_bottleneck_bytes("dssync-topology", 8, racks, 1000, config) == pytest.approx(2 * 1000)
+    # With local steps (period 4): one global average in 4 steps, as PostLocalSGD's periodic averager.
+    assert report.estimate_bottleneck_bytes("dssync-local", 8, racks, 1000, config) == pytest.approx(2 * 1750)
     assert report.estimate_bottleneck_bytes("postlocal-periodic", 8, racks, 1000, config) == pytest.approx(2 * 1750)
 
 
