@@ -145,18 +145,19 @@ def _best(rows):
                default=None)
 
 
-def _sooner(row, reference, factor):
+def _sooner(row, reference, factor, missing):
     """``(met, figures)`` for "``row`` reaches the target at least ``factor`` times sooner than ``reference``".
 
     A reference that never reached the target bounds the speedup from below by its training budget
-    over ``row``'s time: met if that bound is already ``factor``, else not shown (``None``).
+    over ``row``'s time: met if that bound is already ``factor``, else not shown (``None``). ``missing``
+    names the reference where it did not run.
     """
     t = row["time_to_target_s"]
     if reference is None:
-        return None, "no reference contender ran"
+        return None, f"no {missing} ran"
     t_ref, name = reference["time_to_target_s"], reference["contender"]
     if t is None:
-        return False, f"never vs {name} {_fmt(t_ref, '.1f', 'never')} s"
+        return False, f"never vs {name} " + ("never" if t_ref is None else f"{t_ref:.1f} s")
     if t_ref is None:
         bound = reference["train_seconds"] / t
         return (True if bound >= factor else None), \
@@ -187,10 +188,10 @@ def targets(rows):
         if scenario in ("static", "bandwidth"):
             averager = _best([r for r in here if r["contender"] in PYTORCH_AVERAGERS])
             for row in dssync:
-                met_avg, fig_avg = _sooner(row, averager, 1.5)
-                met_bsp, fig_bsp = _sooner(row, bsp, 3.0)
+                met_avg, fig_avg = _sooner(row, averager, 1.5, "PyTorch averager")
+                met_bsp, fig_bsp = _sooner(row, bsp, 3.0, "Horovod BSP")
                 if bsp is None:
-                    met_acc, fig_acc = None, "no Horovod BSP run"
+                    met_acc, fig_acc = None, "final accuracy: no Horovod BSP ran"
                 else:
                     gap = (bsp["final_accuracy"] - row["final_accuracy"]) * 100
                     # One-sided: DS-Sync may lose at most 0.5 pp; ending higher is no miss.
@@ -202,7 +203,7 @@ def targets(rows):
         elif scenario == "stragglers":
             other = _best([r for r in here if not _is_dssync(r["contender"])])
             for row in dssync:
-                met, figures = _sooner(row, other, 1.5)
+                met, figures = _sooner(row, other, 1.5, "contender other than DS-Sync")
                 out.append((f"{scenario}: {row['contender']} reaches the target >= 1.5x sooner than the best "
                             "contender that is not DS-Sync", met, figures))
         elif scenario == "none" and bsp is not None:
