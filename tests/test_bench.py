@@ -120,8 +120,11 @@ def test_report_table_and_targets_checked_per_dssync_contender():
             _row("stragglers", "horovod-bsp", 12.0), _row("stragglers", "postlocal-periodic", 6.0),
             _row("stragglers", "dssync-topology-local", 3.9), _row("stragglers", "dssync-local", 5.0),
             _row("dynamic", "horovod-bsp", 12.0), _row("dynamic", "dssync-local", 30.0),
-            _row("none", "horovod-bsp", None, step=0.1), _row("none", "dssync-topology", None, step=0.2),
-            _row("none", "dssync-local", None, step=0.09)]
+            # Per step on average: dssync-local's median step is a local one, its mean counts its averages.
+            _row("none", "horovod-bsp", None, step=0.1, train_seconds=1.0),
+            _row("none", "dssync-topology", None, step=0.2, train_seconds=2.0),
+            _row("none", "dssync-local", None, step=0.01, train_seconds=1.1),
+            _row("none", "dssync-topology-local", None, step=0.01, train_seconds=0.9)]
     table = report.markdown_table(rows, 0.95)
     assert "| static | dssync-topology | 10 | 0.100 |" in table and "not reached" in table
     checks = {}
@@ -137,13 +140,13 @@ def test_report_table_and_targets_checked_per_dssync_contender():
         ("bandwidth", "dssync-topology"): None,      # > 2x: enough against the averager, unknown against BSP
         ("stragglers", "dssync-topology-local"): True,
         ("stragglers", "dssync-local"): False,       # 1.2x the periodic averager
-        ("none", "dssync-topology"): False, ("none", "dssync-local"): True}
+        ("none", "dssync-topology"): False, ("none", "dssync-local"): False, ("none", "dssync-topology-local"): True}
     assert "postlocal-hierarchical 4.0 s (1.60x, need 1.5x)" in checks["static", "dssync-topology-local"][1]
     assert "horovod-bsp 12.0 s (4.80x, need 3x)" in checks["static", "dssync-topology-local"][1]
     assert "final accuracy 95.0% vs BSP 96.0%" in checks["static", "dssync-local"][1]
     assert "horovod-bsp never in 20.0 s (> 2.00x, need 3x)" in checks["bandwidth", "dssync-topology"][1]
     assert "postlocal-periodic 6.0 s (1.20x" in checks["stragglers", "dssync-local"][1]
-    assert "0.090 s vs BSP 0.100 s" in checks["none", "dssync-local"][1]
+    assert "mean step 0.110 s vs BSP 0.100 s (median 0.010 s vs 0.100 s)" in checks["none", "dssync-local"][1]
 
 
 def test_scenarios_every_one_built_from_the_bench_arguments():

@@ -165,6 +165,10 @@ def _sooner(row, reference, factor, missing):
     return t_ref / t >= factor, f"{t:.1f} s vs {name} {t_ref:.1f} s ({t_ref / t:.2f}x, need {factor:g}x)"
 
 
+def _mean_step(row):
+    return row["train_seconds"] / row["steps"] if row["steps"] else float("inf")
+
+
 def _all(*mets):
     """True if every part is met, False if one is missed, else None (not shown)."""
     return False if False in mets else None if None in mets else True
@@ -176,7 +180,7 @@ def targets(rows):
     - static and bandwidth: the target accuracy at least 1.5x sooner than the best PyTorch averager and
       3x sooner than Horovod BSP, final accuracy at most 0.5 pp below BSP's;
     - stragglers: at least 1.5x sooner than the best contender that is not DS-Sync;
-    - none: median step not slower than Horovod BSP's;
+    - none: mean step (training time over steps) not slower than Horovod BSP's;
     - static: synchronization time within 1.25x of the link-bound limit.
     """
     out = []
@@ -207,10 +211,13 @@ def targets(rows):
                 out.append((f"{scenario}: {row['contender']} reaches the target >= 1.5x sooner than the best "
                             "contender that is not DS-Sync", met, figures))
         elif scenario == "none" and bsp is not None:
+            # The mean, not the median: the median step of a contender with local steps is a step
+            # that does not communicate.
             for row in dssync:
                 out.append((f"{scenario}: {row['contender']} not slower per step than Horovod BSP",
-                            row["median_step_s"] <= bsp["median_step_s"],
-                            f"median step {row['median_step_s']:.3f} s vs BSP {bsp['median_step_s']:.3f} s"))
+                            _mean_step(row) <= _mean_step(bsp),
+                            f"mean step {_mean_step(row):.3f} s vs BSP {_mean_step(bsp):.3f} s (median "
+                            f"{row['median_step_s']:.3f} s vs {bsp['median_step_s']:.3f} s)"))
         if scenario == "static":
             for row in dssync:
                 if row["sync_to_link_bound"]:
