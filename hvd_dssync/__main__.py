@@ -115,6 +115,8 @@ def _add_simulate(commands):
     sim.add_argument("--cross-rack-gbps", type=_positive_float, default=1.0, help="rack uplink rate (default 1)")
     sim.add_argument("--intra-rack-gbps", type=_positive_float, default=10.0, help="host NIC rate (default 10)")
     sim.add_argument("--model-mb", type=_positive_float, default=100.0, help="model size in MB of 1e6 bytes (default 100)")
+    sim.add_argument("--average-every", type=_positive_int, default=1,
+                     help="DS-Sync schedules average on one step in this many, local steps between (default 1)")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     sim.set_defaults(run=_run_simulate)
@@ -126,7 +128,7 @@ def _run_simulate(args, parser):
                               group_size=args.group_size, rack_size=args.rack_size,
                               intra_rack_gbps=args.intra_rack_gbps, cross_rack_gbps=args.cross_rack_gbps,
                               model_bytes=args.model_mb * 1e6, error_steps=args.error_steps, max_steps=args.steps,
-                              target=args.target, seed=args.seed)
+                              target=args.target, seed=args.seed, average_every=args.average_every)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     print(f"Racks of {args.rack_size} consecutive ranks (half the ranks when N <= {args.rack_size}), uplinks at "

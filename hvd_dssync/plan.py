@@ -1,33 +1,36 @@
 """One training step's synchronization, decided the same way for every adapter.
 
 :class:`SyncPlan` joins a schedule and a policy: for step ``t`` it says what to do (bulk-synchronous
-gradient allreduce, group average, or global average), with which group, and which process sets must
-be registered first. It also checks, with one allgather of a fingerprint done by the adapter, that all
-ranks were configured alike.
+gradient allreduce, group average, global average, or a local step), with which group, and which process
+sets must be registered first. It also checks, with one allgather done by the adapter, that all ranks
+were configured alike, naming the argument and the values where they were not.
 """
 import hashlib
 import json
+import math
+import os
 from typing import NamedTuple
 
 import numpy as np
 
-from .policy import BSP, GLOBAL, GROUP, Policy
+from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
 from .schedules import make_schedule
+from .topology import ENV_VAR as TOPOLOGY_ENV
 
-__all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "FINGERPRINT_FIELDS", "fingerprint",
-           "check_agreement", "check_horovod_arguments", "arguments_for_world"]
+__all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
+           "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world"]
 
 
 class Action(NamedTuple):
-    """What one step does: ``kind`` is BSP, GROUP or GLOBAL; ``group`` the ranks that average together.
+    """What one step does: ``kind`` is BSP, GROUP, GLOBAL or LOCAL; ``group`` the ranks that average together.
 
     Example::
 
         >>> SyncPlan(rank=2, world_size=4, schedule="butterfly").action(0)
         Action(kind='group', group=(2, 3))
     """
-    kind: str      # BSP, GROUP or GLOBAL
-    group: tuple   # the ranks taking part (all ranks for BSP and GLOBAL)
+    kind: str      # BSP, GROUP, GLOBAL or LOCAL
+    group: tuple   # the ranks taking part (all ranks for BSP and GLOBAL, this rank alone for LOCAL)
 
 
 def ring_allreduce_bytes(group_size, nbytes):
@@ -41,33 +44,80 @@ def ring_allreduce_bytes(group_size, nbytes):
     return 0 if group_size <= 1 else 2 * (group_size - 1) * nbytes // group_size
 
 
+def default_group_size(world_size):
+    """The group size of the default schedule (random groups, "shuffle") for ``world_size`` ranks.
+
+    - up to 3 ranks: one group of all ranks (smaller groups would leave a rank alone every other step);
+    - 4 to 7 ranks: two groups (pairs for 4 ranks, as the DS-Sync authors' 4-worker code);
+    - 8 ranks and more: groups of 4. Per step each rank sends ``2 (g - 1) / g`` models in its group's ring
+      (1.5 models for ``g = 4``, 1 for pairs) while a random group of ``g`` shrinks the distance from
+      consensus about ``g``-fold, so groups of 4 mix faster per byte sent than pairs, and each rank
+      still belongs to only two process sets (the schedule's two partitions), which Horovod negotiates on
+      every cycle. Larger groups approach bulk-synchronous averaging and its wait for the slowest member.
+
+    Example::
+
+        >>> [default_group_size(n) for n in (1, 2, 3, 4, 5, 7, 8, 64)]
+        [1, 2, 3, 2, 3, 4, 4, 4]
+    """
+    if world_size <= 3:
+        return world_size
+    if world_size <= 7:
+        return math.ceil(world_size / 2)
+    return 4
+
+
+def resolve_schedule(schedule, num_groups, group_size, topology):
+    """The schedule an optimizer built without DS-Sync arguments uses: ``(schedule, num_groups, group_size)``.
+
+    ``schedule=None`` (the adapters' default) is "topology" when the racks are known (``topology=`` or the
+    ``HVD_DSSYNC_TOPOLOGY`` variable), else "shuffle". A "shuffle" without ``num_groups`` or ``group_size``
+    takes :func:`default_group_size` when the world size is known (it is left ``None`` here and filled by
+    :class:`SyncPlan`). No communication.
+
+    Example::
+
+        >>> resolve_schedule(None, None, None, None)
+        ('shuffle', None, None)
+        >>> resolve_schedule(None, None, None, [[0, 1], [2, 3]])[0]
+        'topology'
+    """
+    if schedule is None:
+        schedule = "topology" if topology is not None or os.environ.get(TOPOLOGY_ENV) else "shuffle"
+    return schedule, num_groups, group_size
+
+
 class SyncPlan:
     """The schedule and policy of one optimizer, seen from one rank.
 
     Args:
         rank, world_size: this rank and the number of ranks.
         schedule: a name in ``SCHEDULE_NAMES`` or a schedule object (see :func:`make_schedule`).
-        num_groups, group_size, seed, topology, schedule_options: passed to :func:`make_schedule`.
-        warmup_steps, global_every: the :class:`Policy`.
+        num_groups, group_size, seed, topology, schedule_options: passed to :func:`make_schedule`; a
+            "shuffle" given neither ``num_groups`` nor ``group_size`` takes :func:`default_group_size`.
+        warmup_steps, global_every, average_every: the :class:`Policy`.
 
     Example::
 
         >>> plan = SyncPlan(rank=1, world_size=4, schedule="butterfly", warmup_steps=1, global_every=3)
         >>> [(a.kind, a.group) for a in map(plan.action, range(5))]  # doctest: +NORMALIZE_WHITESPACE
         [('bsp', (0, 1, 2, 3)), ('group', (1, 3)), ('group', (0, 1)), ('global', (0, 1, 2, 3)),
-         ('group', (0, 1))]
+         ('group', (1, 3))]
         >>> plan.window_change(0)  # (groups to register, groups to release) when a window starts
         (((0, 1), (0, 2), (1, 3), (2, 3)), ())
     """
 
     def __init__(self, rank, world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0,
-                 topology=None, warmup_steps=0, global_every=0, schedule_options=None):
+                 topology=None, warmup_steps=0, global_every=0, average_every=1, schedule_options=None):
         self.rank = rank
         self.world_size = world_size
         self.world = tuple(range(world_size))
-        self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every)
+        self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every, average_every=average_every)
+        schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
         if world_size == 1:
             num_groups, group_size = (1, None) if schedule == "shuffle" else (None, group_size)
+        elif schedule == "shuffle" and num_groups is None and group_size is None:
+            group_size = default_group_size(world_size)
         self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
                                       seed=seed, topology=topology, **(schedule_options or {}))
         self._window = None
@@ -75,7 +125,9 @@ class SyncPlan:
     def action(self, step):
         kind = self.policy.action(step)
         if kind == GROUP:
-            return Action(GROUP, self.schedule.group_of(self.rank, step))
+            return Action(GROUP, self.schedule.group_of(self.rank, self.policy.schedule_step(step)))
+        if kind == LOCAL:
+            return Action(LOCAL, (self.rank,))
         return Action(kind, self.world)
 
     def window_change(self, step):
@@ -83,7 +135,7 @@ class SyncPlan:
 
         Call once per step on every rank, before the step's communication; it remembers the window.
         """
-        window = self.schedule.window_of(step)
+        window = self.schedule.window_of(self.policy.schedule_step(step))
         if window == self._window:
             return None
         acquire = self.schedule.window_groups(window)
@@ -157,51 +209,119 @@ def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_
                          "other than hvd.global_process_set is not supported.")
 
 
-FINGERPRINT_FIELDS = ("world size", "schedule", "policy", "parameters", "options")
-
-
 def _digest(value):
     text = json.dumps(value, sort_keys=True, default=str).encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:7], "little")
+    return hashlib.sha256(text).hexdigest()[:12]
 
 
-def fingerprint(fields):
-    """An int64 vector, one hash per name in ``FINGERPRINT_FIELDS``, for an allgather across ranks.
+def _groups_sample(schedule):
+    """The groups of the first steps of the first windows: what the ranks must compute alike.
+
+    Two ranks with equal arguments can still draw different groups (NumPy does not promise the same
+    random stream across versions), so the agreement check compares the groups themselves.
+    """
+    windows = (0,) if schedule.window_steps is None else (0, 1, 2)
+    steps = [schedule.window_start(w) + i for w in windows for i in range(8)]
+    return [schedule.groups(t) for t in steps]
+
+
+_LARGE = 120  # characters: a value longer than this is compared and shown by its digest
+
+
+def agreement_fields(plan, parameters=None, options=None, step=None):
+    """What the ranks must agree on, as ``{argument: value}``, for :func:`agreement_payload`.
+
+    ``plan`` is the rank's :class:`SyncPlan`; ``parameters`` the averaged tensors as
+    ``(name, shape, dtype)`` (compared by digest); ``options`` the adapter's own arguments by name;
+    ``step`` rides along uncompared (an elastic newcomer takes rank 0's).
 
     Example::
 
-        >>> fingerprint({"world size": 4, "schedule": {"name": "shuffle"}}).shape
-        (5,)
+        >>> fields = agreement_fields(SyncPlan(0, 4, num_groups=2, seed=3))
+        >>> fields["seed"], fields["num_groups"], fields["average_every"]
+        (3, 2, 1)
     """
-    unknown = set(fields) - set(FINGERPRINT_FIELDS)
-    if unknown:
-        raise KeyError(f"unknown fingerprint fields {sorted(unknown)}")
-    return np.array([_digest(fields.get(name)) for name in FINGERPRINT_FIELDS], dtype=np.int64)
+    fields = {"world size": plan.world_size}
+    config = plan.schedule.config()
+    fields["schedule"] = config.pop("name", type(plan.schedule).__name__)
+    config.pop("world_size", None)
+    fields.update(config)
+    fields.update(plan.policy.config())
+    fields["groups"] = _digest(_groups_sample(plan.schedule))
+    if parameters is not None:
+        parameters = [list(p) for p in parameters]
+        fields["parameters"] = f"{len(parameters)} tensors, digest {_digest(parameters)}"
+    fields.update(options or {})
+    for key, value in fields.items():
+        if len(json.dumps(value, default=str)) > _LARGE:
+            fields[key] = f"digest {_digest(value)}"
+    if step is not None:
+        fields["step"] = int(step)
+    return fields
+
+
+_UNCOMPARED = ("step",)
+
+
+def agreement_payload(fields):
+    """``fields`` (from :func:`agreement_fields`) as a uint8 vector for an allgather across ranks.
+
+    Each rank's vector is its JSON text after an 8-byte length, so the concatenation that Horovod's
+    allgather returns (vectors of different lengths) can be split again by :func:`check_agreement`.
+
+    Example::
+
+        >>> agreement_payload({"seed": 0}).dtype
+        dtype('uint8')
+    """
+    text = json.dumps(fields, default=str).encode()
+    return np.frombuffer(len(text).to_bytes(8, "little") + text, dtype=np.uint8).copy()
+
+
+def _split(gathered):
+    data, out, at = np.asarray(gathered, dtype=np.uint8).tobytes(), [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 8], "little")
+        out.append(json.loads(data[at + 8:at + 8 + size]))
+        at += 8 + size
+    return out
+
+
+def _show(value):
+    return value if isinstance(value, str) else repr(value)
 
 
 def check_agreement(gathered, what="hvd_dssync"):
-    """Raise the same ``ValueError`` on every rank if the gathered fingerprints differ.
+    """Raise the same ``ValueError`` on every rank if the ranks' gathered fields differ; else return them.
 
-    ``gathered`` is the ``(world_size, len(FINGERPRINT_FIELDS))`` array every rank got from the
-    allgather; the message names each differing field and the ranks that differ from rank 0.
+    ``gathered`` is the concatenation of every rank's :func:`agreement_payload`, in rank order (what
+    Horovod's allgather gives every rank). The message names each differing argument and the values of
+    rank 0 and of the ranks that differ from it. Returns the list of every rank's fields.
 
     Example::
 
-        >>> a, b = fingerprint({"schedule": "shuffle"}), fingerprint({"schedule": "butterfly"})
-        >>> check_agreement([a, a, b])
+        >>> a, b = agreement_payload({"seed": 0}), agreement_payload({"seed": 1})
+        >>> check_agreement(np.concatenate([a, b]))
         Traceback (most recent call last):
         ...
-        ValueError: hvd_dssync: ranks disagree on the configuration: schedule (ranks [2] differ from rank 0). ...
+        ValueError: hvd_dssync: ranks disagree on seed (rank 0 has 0, rank 1 has 1). ...
     """
-    gathered = np.asarray(gathered).reshape(-1, len(FINGERPRINT_FIELDS))
+    ranks = _split(gathered)
     problems = []
-    for i, name in enumerate(FINGERPRINT_FIELDS):
-        differ = [int(r) for r in np.nonzero(gathered[:, i] != gathered[0, i])[0]]
+    keys = list(ranks[0]) + sorted({k for r in ranks[1:] for k in r} - set(ranks[0]))
+    for key in (k for k in keys if k not in _UNCOMPARED):
+        values = [r.get(key, "(absent)") for r in ranks]
+        differ = [i for i, v in enumerate(values) if v != values[0]]
         if differ:
-            problems.append(f"{name} (ranks {differ} differ from rank 0)")
+            shown = [0] + differ[:3]
+            more = f" and {len(differ) - 3} more ranks" if len(differ) > 3 else ""
+            problems.append(f"{key} (" + ", ".join(f"rank {i} has {_show(values[i])}" for i in shown) + more + ")")
+    if len(problems) > 1:  # the groups follow from the arguments: named alone, they differ by NumPy
+        problems = [p for p in problems if not p.startswith("groups (")]
     if problems:
-        raise ValueError(f"{what}: ranks disagree on the configuration: {'; '.join(problems)}. Every rank "
-                         "must build the optimizer with the same arguments and the same model.")
+        raise ValueError(f"{what}: ranks disagree on {'; '.join(problems)}. Every rank must build the optimizer "
+                         "with the same arguments and the same model, with the same hvd_dssync and NumPy.")
+    return ranks
 
 
-__all__ += ["BSP", "GLOBAL", "GROUP"]
+__all__ += ["BSP", "GLOBAL", "GROUP", "LOCAL"]

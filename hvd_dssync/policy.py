@@ -1,50 +1,113 @@
-"""What one training step does: bulk-synchronous warm-up, group averaging, or a global average.
+"""What one training step does: bulk-synchronous warm-up, a local step, group averaging, or a global average.
 
 One :class:`Policy` decides for both adapters, from the step number alone, so every rank takes the same
 decision without communicating.
 """
-__all__ = ["Policy", "BSP", "GROUP", "GLOBAL"]
+import math
+
+__all__ = ["Policy", "BSP", "GROUP", "GLOBAL", "LOCAL"]
 
 BSP = "bsp"        # allreduce the gradients over all ranks, then step (Horovod's DistributedOptimizer)
 GROUP = "group"    # step on the local gradient, then average the model inside the step's group
 GLOBAL = "global"  # step on the local gradient, then average the model over all ranks
+LOCAL = "local"    # step on the local gradient only: no communication (local SGD)
 
 
-def _non_negative_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"Arg ``{name}`` must be a non-negative integer, got {value!r}.")
+def _positive_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        rule = "a non-negative" if minimum == 0 else "a positive"
+        raise ValueError(f"Arg ``{name}`` must be {rule} integer, got {value!r}.")
     return value
 
 
 class Policy:
     """Hybrid schedule of synchronization modes.
 
+    Steps are counted from 0. The first ``warmup_steps`` are bulk-synchronous; after them, step ``t`` is
+    the ``s = t - warmup_steps + 1``-th step of the averaging phase, and:
+
+    - if ``global_every`` divides ``s``: a global average (WAGMA-SGD's periodic global sync);
+    - else if ``average_every`` divides ``s``: a group average, the schedule's next one;
+    - else: a local step, without communication (local SGD).
+
+    Both periods count *steps*, as PyTorch's ``PeriodicModelAverager`` and ``HierarchicalModelAverager``
+    do: ``average_every=2, global_every=8`` averages in groups on steps 2, 4, 6 and over all ranks on step
+    8. With ``num_groups=1`` and ``average_every=H``, DS-Sync is post-local SGD with period ``H``.
+
+    The schedule advances once per group average, not once per step (:meth:`schedule_step`), so every
+    partition of the schedule is used whatever the period: a two-partition schedule averaged every
+    second step still alternates its partitions.
+
     Args:
         warmup_steps: the first ``warmup_steps`` steps are bulk-synchronous (post-local SGD's warm-up,
             Sync-Switch's offline policy).
-        global_every: after warm-up, every ``global_every``-th step averages over all ranks instead of the
-            group (WAGMA-SGD); 0 never does.
+        global_every: average over all ranks every ``global_every`` steps after the warm-up; 0 never.
+        average_every: average (in the group) every ``average_every`` steps after the warm-up; the steps
+            between are local. 1 (the default) averages on every step.
 
     Example::
 
         >>> p = Policy(warmup_steps=2, global_every=3)
         >>> [p.action(t) for t in range(6)]
         ['bsp', 'bsp', 'group', 'group', 'global', 'group']
+        >>> p = Policy(average_every=2, global_every=4)
+        >>> [p.action(t) for t in range(8)]
+        ['local', 'group', 'local', 'global', 'local', 'group', 'local', 'global']
     """
 
-    def __init__(self, warmup_steps=0, global_every=0):
-        self.warmup_steps = _non_negative_int("warmup_steps", warmup_steps)
-        self.global_every = _non_negative_int("global_every", global_every)
+    def __init__(self, warmup_steps=0, global_every=0, average_every=1):
+        self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
+        self.global_every = _positive_int("global_every", global_every, 0)
+        self.average_every = _positive_int("average_every", average_every, 1)
 
     def action(self, step):
         if step < self.warmup_steps:
             return BSP
-        if self.global_every and (step - self.warmup_steps + 1) % self.global_every == 0:
+        s = step - self.warmup_steps + 1
+        if self.global_every and s % self.global_every == 0:
             return GLOBAL
-        return GROUP
+        if s % self.average_every == 0:
+            return GROUP
+        return LOCAL
+
+    def schedule_step(self, step):
+        """The step of the schedule whose groups step ``step`` uses: it advances once per group average.
+
+        Global averages and local steps do not use the schedule, so they do not advance it: every
+        partition of the schedule takes its turn whatever the periods. Equal to ``step`` when
+        ``average_every`` is 1 and ``global_every`` is 0.
+
+        Example::
+
+            >>> p = Policy(average_every=3)
+            >>> [p.schedule_step(t) for t in (2, 5, 8)]
+            [0, 1, 2]
+            >>> p = Policy(global_every=2)  # steps 0, 2, 4 average in groups, steps 1, 3, 5 globally
+            >>> [p.schedule_step(t) for t in (0, 2, 4)]
+            [0, 1, 2]
+        """
+        if step < self.warmup_steps:
+            return step
+        done = step - self.warmup_steps  # steps of the averaging phase before this one
+        group_averages = done // self.average_every
+        if self.global_every:
+            group_averages -= done // self.period()
+        return self.warmup_steps + group_averages
+
+    def period(self):
+        """Steps after which the pattern of kinds repeats (after the warm-up).
+
+        Example::
+
+            >>> Policy(average_every=2, global_every=3).period()
+            6
+        """
+        return math.lcm(self.average_every, self.global_every or 1)
 
     def config(self):
-        return {"warmup_steps": self.warmup_steps, "global_every": self.global_every}
+        return {"warmup_steps": self.warmup_steps, "global_every": self.global_every,
+                "average_every": self.average_every}
 
     def __repr__(self):
-        return f"Policy(warmup_steps={self.warmup_steps}, global_every={self.global_every})"
+        return (f"Policy(warmup_steps={self.warmup_steps}, global_every={self.global_every}, "
+                f"average_every={self.average_every})")

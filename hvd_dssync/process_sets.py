@@ -16,17 +16,33 @@ It is framework-free: it is given the framework's Horovod module (``horovod.torc
 """
 import os
 
-__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets", "elastic_job"]
+__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets",
+           "use_static_process_sets", "elastic_job"]
 
 DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
 ELASTIC_ENV = "HOROVOD_ELASTIC"
 
 _registries = {}
+_dynamic_set_by_us = []
 
 
 def enable_dynamic_process_sets():
     """Let a later plain ``hvd.init()`` add process sets: Horovod reads this variable at init."""
-    os.environ.setdefault(DYNAMIC_ENV, "1")
+    if DYNAMIC_ENV not in os.environ:
+        os.environ[DYNAMIC_ENV] = "1"
+        _dynamic_set_by_us.append(True)
+
+
+def use_static_process_sets():
+    """Undo :func:`enable_dynamic_process_sets` before an ``hvd.init`` given every set up front.
+
+    Dynamic mode costs a global exchange on every Horovod cycle; a job whose sets are all registered at
+    init does not need it. A value the user set is left alone. Returns whether dynamic mode stays on.
+    """
+    if _dynamic_set_by_us and os.environ.get(DYNAMIC_ENV) == "1":
+        del os.environ[DYNAMIC_ENV]
+        _dynamic_set_by_us.clear()
+    return os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
 
 
 def elastic_job():

@@ -430,7 +430,7 @@ def _group_sizes(schedule, period):
 
 def simulate_table(workers=(8, 64, 512, 4096), schedules=TABLE_SCHEDULES, num_groups=None, group_size=4,
                    rack_size=8, intra_rack_gbps=10.0, cross_rack_gbps=1.0, model_bytes=100e6,
-                   error_steps=10, max_steps=1000, target=1e-3, dim=8, seed=0):
+                   error_steps=10, max_steps=1000, target=1e-3, dim=8, seed=0, average_every=1):
     """One row per (world size, schedule): how fast it mixes and what it costs the slow links.
 
     Racks hold ``rack_size`` consecutive ranks; when a world size is not larger than ``rack_size`` the
@@ -443,6 +443,10 @@ def simulate_table(workers=(8, 64, 512, 4096), schedules=TABLE_SCHEDULES, num_gr
     (``None`` if not within ``max_steps``, also a key), ``uplink_mb_per_step`` (busiest rack uplink, 1 MB = 1e6
     bytes), ``time_ms_per_step``, and ``speedup_vs_bsp`` (BSP's time per step over this one's).
 
+    With ``average_every=H`` the DS-Sync schedules (not "bsp") average on one step in ``H`` (local steps
+    between, :class:`hvd_dssync.policy.Policy`): ``max_steps`` averaging rounds are simulated, a round
+    reaching the target at step ``k H``, and the link figures per step are a round's divided by ``H``.
+
     Example::
 
         >>> rows = simulate_table(workers=(8,), schedules=("bsp", "butterfly"), max_steps=20)
@@ -452,6 +456,7 @@ def simulate_table(workers=(8, 64, 512, 4096), schedules=TABLE_SCHEDULES, num_gr
     error_steps = _check_int("error_steps", error_steps, 1)
     max_steps = _check_int("max_steps", max_steps, error_steps)
     rack_size = _check_int("rack_size", rack_size, 1)
+    average_every = _check_int("average_every", average_every, 1)
     bsp_time = {}
     rows = []
     for n in workers:
@@ -463,20 +468,24 @@ def simulate_table(workers=(8, 64, 512, 4096), schedules=TABLE_SCHEDULES, num_gr
             errors = consensus_error(schedule, max_steps, dim=dim, seed=seed)
             loads = schedule_link_loads(schedule, topology, model_bytes, max_steps)
             period = _default_period(schedule, 0)
-            seconds = float(np.mean([l.seconds for l in loads]))
+            every = 1 if name == "bsp" else average_every
+            seconds = float(np.mean([l.seconds for l in loads])) / every
+            rounds = steps_to_error(errors, target)
+            done = error_steps // every
             rows.append({
                 "workers": n,
                 "schedule": name,
                 "racks": topology.num_racks,
                 "group_sizes": _group_sizes(schedule, period),
-                "error_after": float(errors[error_steps - 1]),
+                "error_after": float(errors[done - 1]) if done else 1.0,
                 "error_steps": error_steps,
                 "spectral_gap": spectral_gap(schedule),
                 "period": period,
-                "steps_to_target": steps_to_error(errors, target),
+                "steps_to_target": None if rounds is None else rounds * every,
                 "target": target,
-                "max_steps": max_steps,
-                "uplink_mb_per_step": float(np.mean([l.uplink_bytes for l in loads])) / 1e6,
+                "max_steps": max_steps * every,
+                "average_every": every,
+                "uplink_mb_per_step": float(np.mean([l.uplink_bytes for l in loads])) / 1e6 / every,
                 "time_ms_per_step": seconds * 1e3,
                 "speedup_vs_bsp": bsp_time[n] / seconds if seconds > 0 else math.inf,
             })

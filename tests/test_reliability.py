@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from hvd_dssync.plan import FINGERPRINT_FIELDS, SyncPlan, check_agreement, fingerprint
+from hvd_dssync.plan import SyncPlan, agreement_fields, agreement_payload, check_agreement
 from hvd_dssync.process_sets import ProcessSetRegistry
 from hvd_dssync.schedules import UserSchedule
 from hvd_dssync.topology import Topology
@@ -25,13 +25,12 @@ from multirank import LAUNCHERS, ROOT, WORKERS, job_env, run
     (dict(num_groups=0), ValueError, "``num_groups`` must be at least 1"),
     (dict(num_groups=5), ValueError, "``num_groups`` must be at most the world size 4"),
     (dict(num_groups=2, group_size=2), ValueError, "exactly one of ``num_groups`` and ``group_size``"),
-    (dict(), ValueError, "exactly one of ``num_groups`` and ``group_size``"),
     (dict(group_size=5), ValueError, "``group_size`` must be at most the world size 4"),
     (dict(num_groups=2, seed=1.0), TypeError, "``seed`` must be an integer"),
     (dict(num_groups=2, seed=None), TypeError, "``seed`` must be an integer"),
     (dict(num_groups=2, schedule="random"), ValueError, "``schedule`` must be one of"),
     (dict(schedule="topology"), ValueError, "needs a topology"),
-], ids=["num_groups=0", "num_groups>size", "both", "neither", "group_size>size", "seed-float", "seed-none",
+], ids=["num_groups=0", "num_groups>size", "both", "group_size>size", "seed-float", "seed-none",
         "schedule-name", "topology-missing"])
 def test_bad_plan_arguments(kwargs, error, fragment):
     with pytest.raises(error, match=fragment.replace("(", r"\(")):
@@ -85,21 +84,39 @@ def test_bad_topology(spec, hosts, fragment):
         Topology.parse(spec, hosts)
 
 
-def test_disagreement_names_fields_and_ranks():
-    agree = fingerprint({"world size": 4, "schedule": {"seed": 0}, "policy": {}, "parameters": [["w", [2]]],
-                         "options": []})
-    rows = np.stack([agree] * 4)
-    check_agreement(rows)  # no error
-    rows[2, FINGERPRINT_FIELDS.index("schedule")] += 1
-    rows[3, FINGERPRINT_FIELDS.index("parameters")] += 1
-    rows[1, FINGERPRINT_FIELDS.index("parameters")] += 1
+def test_disagreement_names_arguments_values_and_ranks():
+    def payload(**kwargs):
+        arguments = dict(num_groups=2, seed=0)
+        arguments.update(kwargs)
+        return agreement_payload(agreement_fields(SyncPlan(0, 4, **arguments), [("w", (2,), "float32")],
+                                                  {"overlap": False}, step=0))
+
+    agree = payload()
+    assert len(check_agreement(np.concatenate([agree] * 4))) == 4  # no error
+    rows = np.concatenate([agree, payload(seed=1), agree, payload(seed=1, warmup_steps=3)])
     with pytest.raises(ValueError) as e:
         check_agreement(rows, what="X")
     message = str(e.value)
-    assert message.startswith("X: ranks disagree")
-    assert "schedule (ranks [2] differ from rank 0)" in message
-    assert "parameters (ranks [1, 3] differ from rank 0)" in message
-    assert "policy" not in message and "world size" not in message
+    assert message.startswith("X: ranks disagree on")
+    assert "seed (rank 0 has 0, rank 1 has 1, rank 3 has 1)" in message
+    assert "warmup_steps (rank 0 has 0, rank 3 has 3)" in message
+    assert "groups" not in message  # explained by the seed
+
+
+def test_disagreement_on_the_groups_alone_is_named():
+    """Equal arguments but other groups (e.g. another NumPy's random stream): the groups are named."""
+    plan = SyncPlan(0, 4, num_groups=2, seed=0)
+    other = SyncPlan(0, 4, num_groups=2, seed=0)
+    other.schedule._cache[0] = (((0, 3), (1, 2)), ((0, 1), (2, 3)))
+    rows = np.concatenate([agreement_payload(agreement_fields(p)) for p in (plan, other)])
+    with pytest.raises(ValueError, match=r"ranks disagree on groups \(rank 0 has \w+, rank 1 has \w+\)"):
+        check_agreement(rows)
+
+
+def test_the_step_rides_along_uncompared():
+    plan = SyncPlan(0, 2, num_groups=1)
+    rows = np.concatenate([agreement_payload(agreement_fields(plan, step=s)) for s in (7, 0)])
+    assert [r["step"] for r in check_agreement(rows)] == [7, 0]
 
 
 class _FakeHorovod:

@@ -7,6 +7,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hvd_dssync.plan import SyncPlan, resolve_schedule
 from hvd_dssync.schedules import Butterfly, Shuffle, TopologyAware, UserSchedule, _connects, make_schedule
 from hvd_dssync.simulate import consensus_error
 from hvd_dssync.topology import Topology
@@ -297,3 +298,26 @@ def test_endless_user_schedule_repeats_with_its_own_period():
     schedule, user = UserSchedule(PeriodThree(), 3), PeriodThree()
     for step in range(300):
         assert schedule.groups(step) == tuple(sorted(tuple(sorted(g)) for g in user.groups(step))), step
+
+
+@pytest.mark.parametrize("world_size,groups", [(2, 1), (3, 1), (4, 2), (6, 2), (7, 2), (8, 2), (16, 4), (64, 16)])
+def test_default_schedule_without_arguments(world_size, groups):
+    """No DS-Sync argument at all (the one-line swap): random groups sized from the world."""
+    plan = SyncPlan(0, world_size)
+    assert plan.schedule.config()["name"] == "shuffle"
+    assert plan.schedule.num_groups == groups
+
+
+def test_default_schedule_follows_known_racks(monkeypatch):
+    monkeypatch.delenv("HVD_DSSYNC_TOPOLOGY", raising=False)
+    assert SyncPlan(0, 4, schedule=None, topology=Topology.from_racks([[0, 1], [2, 3]])).schedule.config()["name"] == "topology"
+    monkeypatch.setenv("HVD_DSSYNC_TOPOLOGY", '{"racks": [[0, 1], [2, 3]]}')
+    assert resolve_schedule(None, None, None, None)[0] == "topology"
+
+
+def test_local_steps_use_every_partition():
+    """Averaging every 2nd step with a 2-partition schedule still alternates the partitions."""
+    plan = SyncPlan(0, 4, num_groups=2, seed=0, average_every=2)
+    groups = [plan.action(t).group for t in range(8) if plan.action(t).kind == "group"]
+    assert len(set(groups)) == 2 and groups[0] != groups[1]
+    assert plan.action(0) == ("local", (0,))

@@ -4,7 +4,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hvd_dssync.policy import BSP, GLOBAL, GROUP, Policy
+from hvd_dssync.policy import BSP, GLOBAL, GROUP, LOCAL, Policy
 from hvd_dssync.topology import ENV_VAR, Topology
 
 
@@ -129,6 +129,36 @@ def test_policy_rejects_bad_arguments(kwargs, name):
         Policy(**kwargs)
 
 
+@pytest.mark.parametrize("value", [0, -1, 2.0, True])
+def test_policy_rejects_bad_average_every(value):
+    with pytest.raises(ValueError, match="``average_every`` must be a positive integer"):
+        Policy(average_every=value)
+
+
 def test_policy_config_round_trips():
-    policy = Policy(warmup_steps=5, global_every=7)
-    assert Policy(**policy.config()).config() == {"warmup_steps": 5, "global_every": 7}
+    policy = Policy(warmup_steps=5, global_every=7, average_every=2)
+    assert Policy(**policy.config()).config() == {"warmup_steps": 5, "global_every": 7, "average_every": 2}
+
+
+def test_local_steps_as_pytorch_hierarchical_averager():
+    """average_every=2, global_every=8: groups on steps 2, 4, 6 of each 8, all ranks on the 8th (1-based)."""
+    policy = Policy(average_every=2, global_every=8)
+    kinds = [policy.action(t) for t in range(16)]
+    assert kinds == [LOCAL, GROUP, LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL] * 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 9), st.integers(1, 6), st.integers(1, 120))
+def test_schedule_advances_once_per_group_average(warmup, every, average_every, steps):
+    """Every group average uses the schedule's next step; BSP steps use their own; nothing else moves it."""
+    policy = Policy(warmup_steps=warmup, global_every=every, average_every=average_every)
+    used = [policy.schedule_step(t) for t in range(warmup, warmup + steps) if policy.action(t) == GROUP]
+    assert used == list(range(warmup, warmup + len(used)))
+    assert [policy.schedule_step(t) for t in range(min(warmup, steps))] == list(range(min(warmup, steps)))
+    kinds = [policy.action(t) for t in range(warmup, warmup + 3 * policy.period())]
+    assert kinds[:policy.period()] == kinds[policy.period():2 * policy.period()]
+
+
+def test_default_policy_is_unchanged_by_local_steps():
+    policy = Policy(warmup_steps=2)
+    assert [policy.schedule_step(t) for t in range(10)] == list(range(10))

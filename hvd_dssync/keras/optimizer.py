@@ -177,8 +177,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=hvd.Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
                          groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
-                         num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
-                         warmup_steps=0, global_every=0, model=None, average_non_trainable=True,
+                         num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
+                         warmup_steps=0, global_every=0, average_every=1, model=None, average_non_trainable=True,
                          schedule_options=None):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
@@ -200,13 +200,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
-        num_groups: groups per step (schedule "shuffle"); give this or ``group_size``.
+        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither: the default
+            schedule of :func:`hvd_dssync.torch.DistributedOptimizer` (the same in both adapters).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.
         seed: integer seed shared by all ranks; the same seed gives the PyTorch adapter's groups.
-        schedule: "shuffle", "butterfly", or a schedule object with ``groups(step)``.
+        schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None (the
+            default: "topology" where the racks are known, else "shuffle").
         topology: racks, for a schedule object built on them.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
+        average_every: average every this many steps; the steps between are local (local SGD).
         model: the Keras model; found automatically when training with ``model.fit``.
         average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
         schedule_options: extra arguments for the named schedule. Shuffle defaults to
@@ -230,6 +233,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                     average_every=average_every,
                      schedule_options=schedule_options)
     op_name = name or f"DSSync{type(optimizer).__name__}"
     sync = StepSync(make_plan(**arguments), compression=compression, op=op,
@@ -241,6 +245,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._dssync_setup(sync, model, average_non_trainable, backward_passes_per_step, average_aggregated_gradients,
-                          [str(op), gradient_predivide_factor, sparse_as_dense, average_non_trainable,
-                           type(optimizer).__name__, backward_passes_per_step, average_aggregated_gradients])
+                          {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
+                           "sparse_as_dense": sparse_as_dense, "average_non_trainable": average_non_trainable,
+                           "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
+                           "average_aggregated_gradients": average_aggregated_gradients})
     return wrapped

@@ -15,14 +15,14 @@ world size (same arguments, same op names) and connects again; a graph traced fo
 with a clear error instead of using process sets that no longer exist.
 """
 import itertools
-import math
 import time
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, SyncPlan, arguments_for_world, check_agreement, fingerprint
+from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
+                    check_agreement, resolve_schedule)
 from ..process_sets import elastic_job, registry_for
 from ..watchdog import describe_wait, process_watchdog
 
@@ -37,14 +37,15 @@ _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
 _instances = itertools.count()
 
 
-def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None, warmup_steps=0,
-              global_every=0, schedule_options=None):
+def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=None, warmup_steps=0,
+              global_every=0, average_every=1, schedule_options=None):
     """The :class:`SyncPlan` of this rank; the schedule must keep its groups for the whole run.
 
     The pool of process sets a traced graph can use is fixed when it is traced, so a schedule with
     windows is refused; "topology" therefore defaults to fixed bridges (``rotate_every=None``).
     """
     options = dict(schedule_options or {})
+    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     if schedule == "topology":
         options.setdefault("rotate_every", None)
     if topology is not None or schedule == "topology":
@@ -52,7 +53,7 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule="shuffle", topo
         topology = job_topology(topology)
     plan = SyncPlan(hvd.rank(), hvd.size(), schedule=schedule, num_groups=num_groups, group_size=group_size,
                     seed=seed, topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                    schedule_options=options)
+                    average_every=average_every, schedule_options=options)
     if plan.schedule.window_steps is not None:
         raise ValueError(
             f"hvd_dssync.keras: schedule {plan.schedule!r} changes its groups every "
@@ -103,10 +104,9 @@ class StepSync:
 
         Every rank raises the same ``ValueError`` on a mismatch, before any process set is added.
         """
-        mine = fingerprint({"world size": self.plan.world_size, "schedule": self.plan.schedule.config(),
-                            "policy": self.plan.policy.config(), "parameters": parameters, "options": options})
+        mine = agreement_payload(agreement_fields(self.plan, parameters, options))
         generation = self._registry.refresh()
-        gathered = hvd.allgather(tf.constant(mine[None, :]), name=f"{self.name}_fingerprint")
+        gathered = hvd.allgather(tf.constant(mine), name=f"{self.name}_agreement")
         check_agreement(gathered.numpy(), what=what)
         if self.plan.world_size > 1:
             acquire, _ = self.plan.window_change(0)
@@ -160,17 +160,20 @@ class StepSync:
 
     def _branch_of(self, step):
         action = self.plan.action(step)
-        if action.kind == BSP or len(action.group) == 1:
+        if action.kind in (BSP, LOCAL) or len(action.group) == 1:
             return _KEEP
         if action.kind == GLOBAL or len(action.group) == self.plan.world_size:
             return _GLOBAL
         return _FIRST_GROUP + self._groups.index(action.group)
 
     def _branch_table(self):
-        """Branches for the steps after warm-up, one period long: the policy and cycle repeat after it."""
+        """Branches for the steps after warm-up, one period long: the policy and cycle repeat after it.
+
+        The policy's kinds repeat every ``policy.period()`` steps, and the schedule advances a whole
+        number of times in each, so ``period() * cycle`` steps bring both back to their start.
+        """
         policy, schedule = self.plan.policy, self.plan.schedule
-        cycle = len(schedule.partitions(0))
-        period = cycle if not policy.global_every else math.lcm(cycle, policy.global_every)
+        period = policy.period() * len(schedule.partitions(0))
         start = policy.warmup_steps
         return np.array([self._branch_of(start + i) for i in range(period)], dtype=np.int32)
 
@@ -315,15 +318,16 @@ class ModelAverager(tf.Module):
             return loss
     """
 
-    def __init__(self, *, num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
-                 warmup_steps=0, global_every=0, schedule_options=None, compression=hvd.Compression.none,
+    def __init__(self, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
+                 warmup_steps=0, global_every=0, average_every=1, schedule_options=None,
+                 compression=hvd.Compression.none,
                  name="DSSyncAverager"):
         super().__init__(name=name)
         arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                          topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                         schedule_options=schedule_options)
+                         average_every=average_every, schedule_options=schedule_options)
         self._sync = StepSync(make_plan(**arguments), compression=compression, name=name, arguments=arguments)
-        self._options = [type(compression).__name__]
+        self._options = {"compression": type(compression).__name__}
         if not elastic_job():  # under elastic Horovod, at the first trace instead (see the module's docstring)
             self._sync.connect("hvd_dssync.keras.ModelAverager", options=self._options)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")

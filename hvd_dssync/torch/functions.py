@@ -5,8 +5,8 @@ import time
 import horovod.torch as hvd
 import torch
 
-from ..plan import SyncPlan
-from ..process_sets import enable_dynamic_process_sets, registry_for
+from ..plan import SyncPlan, resolve_schedule
+from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
 
 __all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init"]
@@ -135,14 +135,16 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
     return Topology(rank_hosts, host_racks)
 
 
-def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
+def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
          world_size=None, schedule_options=None):
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
-    ones. They fit schedules whose groups never change (``butterfly``, ``topology`` given as ranks, and
-    ``shuffle`` with its default endless window); a schedule with finite windows gets dynamic process
-    sets. Pass the same schedule arguments to :func:`DistributedOptimizer` afterwards.
+    ones: Horovod's dynamic mode adds a global exchange to every cycle. They fit schedules whose groups
+    never change (``butterfly``, ``topology`` given as ranks, and ``shuffle`` with its default endless
+    window); Horovod then runs without dynamic process sets (unless ``HOROVOD_DYNAMIC_PROCESS_SETS`` was
+    set by the user), so no other process set can be added later. A schedule with finite windows gets
+    dynamic process sets. Pass the same schedule arguments to :func:`DistributedOptimizer` afterwards.
 
     The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``.
 
@@ -153,6 +155,7 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuff
     """
     size = world_size or _launcher_world_size(comm)
     static = None
+    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     if size and (schedule != "topology" or isinstance(topology, (list, Topology))):
         spec = Topology.parse(topology) if topology is not None else None
         plan = SyncPlan(0, size, schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
@@ -163,6 +166,7 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule="shuff
         enable_dynamic_process_sets()
         hvd.init(comm=comm)
     else:
+        use_static_process_sets()
         hvd.init(comm=comm, process_sets=[hvd.ProcessSet(list(g)) for g in static])
     registry_for(hvd).reset()
 

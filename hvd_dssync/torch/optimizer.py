@@ -18,12 +18,11 @@ import warnings
 import weakref
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..plan import (BSP, FINGERPRINT_FIELDS, GLOBAL, SyncPlan, arguments_for_world, check_agreement,
-                    check_horovod_arguments, fingerprint, ring_allreduce_bytes)
+from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
+                    check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
@@ -277,7 +276,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def _average_model(self, action):
         self.finish_pending()
-        if self._plan.world_size == 1:
+        if self._plan.world_size == 1 or action.kind == LOCAL:
             self._record(action, 0.0, 0)
             return
         change = self._plan.window_change(self.sync_step)
@@ -339,23 +338,17 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                           "seconds": seconds, "bytes_sent": nbytes}
 
     def _check_ranks_agree(self, with_step=False):
-        """One allgather of a fingerprint: every rank raises the same error if any rank differs.
+        """One allgather of the configuration: every rank raises the same error, naming what differs.
 
         With ``with_step``, the step is gathered along and rank 0's is returned.
         """
         shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaged]
-        mine = fingerprint({
-            "world size": hvd.size(),
-            "schedule": self._plan.schedule.config(),
-            "policy": self._plan.policy.config(),
-            "parameters": shapes,
-            "options": [self._overlap, self.backward_passes_per_step, str(self._op)],
-        })
-        if with_step:
-            mine = np.append(mine, np.int64(self.sync_step))
-        gathered = hvd.allgather(torch.from_numpy(mine).unsqueeze(0), name="dssync.fingerprint").numpy()
-        check_agreement(gathered[:, :len(FINGERPRINT_FIELDS)], what="hvd_dssync.torch.DistributedOptimizer")
-        return int(gathered[0, -1]) if with_step else self.sync_step
+        options = {"overlap": self._overlap, "backward_passes_per_step": self.backward_passes_per_step,
+                   "op": str(self._op)}
+        mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
+        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement").numpy()
+        ranks = check_agreement(gathered, what="hvd_dssync.torch.DistributedOptimizer")
+        return ranks[0]["step"] if with_step else self.sync_step
 
 
 def _make_plan(arguments):
@@ -386,9 +379,9 @@ def _called_by_horovod_to_create_state():
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
-                         num_groups=None, group_size=None, seed=0, schedule="shuffle", topology=None,
-                         warmup_steps=0, global_every=0, model=None, average_buffers=True, overlap=False,
-                         schedule_options=None):
+                         num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
+                         warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
+                         overlap=False, schedule_options=None):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``hvd.DistributedOptimizer``: it takes the same arguments and returns an instance of
@@ -404,14 +397,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     one are rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is replaced by DS-Sync's
     ``num_groups``.
 
+    Without DS-Sync arguments the schedule is chosen from the job: "topology" when the racks are known
+    (``topology=`` or ``HVD_DSSYNC_TOPOLOGY``), else random groups ("shuffle") of
+    :func:`hvd_dssync.plan.default_group_size` (pairs for 4 ranks, groups of 4 from 8 ranks on).
+
     Args (keyword-only, DS-Sync's own):
-        num_groups: groups per step (schedule "shuffle"); give this or ``group_size``.
+        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (the default).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.
         seed: integer seed shared by all ranks.
-        schedule: "shuffle", "butterfly", "topology", or a schedule object with ``groups(step)``.
+        schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None
+            (the default: "topology" where the racks are known, else "shuffle").
         topology: racks for schedule "topology" (a Topology, a JSON file, or lists of ranks).
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
+        average_every: average every this many steps; the steps between are local, without communication
+            (local SGD; with ``num_groups=1`` this is PyTorch's post-local SGD with period
+            ``average_every``). ``global_every`` counts steps too, and the schedule advances once per
+            group average.
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
         average_buffers: set False to keep buffers local.
         overlap: start the averaging asynchronously and fold it in at the next step (one step stale).
@@ -434,12 +436,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
+    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
     plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
                           topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                          schedule_options=schedule_options)
+                          average_every=average_every, schedule_options=schedule_options)
     plan = _make_plan(plan_arguments)
     if hvd.size() == 1 and overlap:
         warnings.warn("overlap=True does nothing with one rank.")
