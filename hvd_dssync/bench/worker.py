@@ -28,7 +28,7 @@ __all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "dssync_arguments"]
 # one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
 DSSYNC_CONTENDERS = {
     "dssync-shuffle": ("shuffle", False), "dssync-butterfly": ("butterfly", False),
-    "dssync-topology": ("topology", False), "dssync-local": ("global", True),
+    "dssync-topology": ("topology", False), "dssync-local": ("one group", True),
     "dssync-topology-local": ("topology", True),
 }
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
@@ -106,7 +106,7 @@ def dssync_arguments(name, config):
     racks = config["racks"]
     out = {"shuffle": dict(schedule="shuffle", num_groups=len(racks)), "butterfly": dict(schedule="butterfly"),
            "topology": dict(schedule="topology", topology=racks),
-           "global": dict(schedule="shuffle", num_groups=1)}[schedule]
+           "one group": dict(schedule="shuffle", num_groups=1)}[schedule]
     if local:
         out["average_every"] = config["local_period"]
     return out
