@@ -19,7 +19,7 @@ export PATH="$VENV/bin:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_
 if why=$(python -c "import sys; from hvd_dssync.bench.testbed import namespaces_available as a; ok, why = a()
 print(why); sys.exit(0 if ok else 1)"); then
     RANKS="${RANKS:-8}"
-    SECONDS_EACH="${SECONDS_EACH:-15}"
+    SECONDS_EACH="${SECONDS_EACH:-10}"
     DSSYNC="${DSSYNC:-dssync-topology-local}"
     echo "=== emulated cluster: $RANKS hosts in 2 racks, 400 Mbit/s host links, 40 Mbit/s between racks;"
     echo "=== horovod-bsp, postlocal-hierarchical and $DSSYNC, ${SECONDS_EACH} s of training each ==="
