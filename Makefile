@@ -19,7 +19,7 @@ test-core: setup
 	$(PY) -m pytest tests -m "not multirank"
 
 bench: setup
-	$(PY) -m hvd_dssync bench
+	$(PY) -m hvd_dssync bench --steps 400 --max-train-seconds 45
 
 bench-loopback: setup
 	$(PY) scripts/loopback_bench.py --np 4 --params 1

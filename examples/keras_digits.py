@@ -6,11 +6,12 @@ Run with any Horovod launcher, e.g.::
 
 It trains the same model twice from the same initial weights and data order, first with Horovod's
 ``DistributedOptimizer`` and then with DS-Sync's, showing the Keras progress bar (with the consensus
-distance) on rank 0, and ends with the comparison. ``--optimizer dssync`` or ``horovod`` runs one only.
+distance) on rank 0, one line per epoch where the output is not a terminal, and ends with the comparison. ``--optimizer dssync`` or ``horovod`` runs one only.
 The only DS-Sync-specific lines are the ``dss.DistributedOptimizer`` call and its two callbacks.
 """
 import argparse
 import json
+import sys
 import time
 
 import horovod.tensorflow.keras as hvd
@@ -32,7 +33,7 @@ def parse_args():
     parser.add_argument("--schedule", default="shuffle", choices=("shuffle", "butterfly"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (rank 0)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser.parse_args()
 
 
@@ -63,7 +64,9 @@ def train(name, args, data):
         optimizer = hvd.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    verbose = 1 if hvd.rank() == 0 and not args.quiet else 0
+    # Keras's progress bar redraws one line; where stdout is a pipe (mpirun, horovodrun, a log file)
+    # every redraw would be a line of its own, so there it prints one line per epoch.
+    verbose = 0 if hvd.rank() != 0 or args.quiet else 1 if sys.stdout.isatty() else 2
     if verbose:
         print(f"--- {name} ---", flush=True)
     tf.keras.utils.set_random_seed(args.seed + hvd.rank())  # each rank its own batch order, both runs alike

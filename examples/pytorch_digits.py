@@ -10,6 +10,7 @@ The only DS-Sync-specific lines are the import and the ``dss.DistributedOptimize
 """
 import argparse
 import json
+import sys
 import time
 
 import horovod.torch as hvd
@@ -33,7 +34,7 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16 for what each optimizer sends")
     parser.add_argument("--json", help="write the result here (rank 0)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
     return parser.parse_args()
 
 
@@ -80,7 +81,9 @@ def main():
 
     steps_per_epoch = len(x_local) // args.batch_size
     steps_per_epoch = int(hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item())
-    show = hvd.rank() == 0 and not args.quiet
+    # A progress bar redraws one line; where stderr is a pipe (mpirun, horovodrun, a log file) every
+    # redraw would be a line of its own, so there the epoch line below is the only progress.
+    show = hvd.rank() == 0 and not args.quiet and sys.stderr.isatty()
     generator = torch.Generator().manual_seed(args.seed + hvd.rank())
     history = []
     started = time.perf_counter()

@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from hvd_dssync.bench import report
+from hvd_dssync.bench.scenarios import SCENARIOS, scenario, straggler_at, straggler_timetable
 from hvd_dssync.bench.testbed import Testbed, cleanup_stale, namespaces_available
+from hvd_dssync.bench.worker import CONTENDERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _AVAILABLE, _WHY = namespaces_available()
@@ -51,6 +54,26 @@ def test_smoke_two_namespaces_dssync_crosses_the_shaped_link_and_is_torn_down():
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.multirank
+def test_loopback_local_steps_and_a_straggler_reach_the_record():
+    """dssync-local on 2 loopback ranks: it averages on 1 step in ``local_period``, the others are
+    "local", and rank 0, the straggler of the whole run (seed 1), sleeps its delay on every step."""
+    from hvd_dssync.bench.contenders import run_contender
+    from hvd_dssync.bench.testbed import LoopbackBed
+
+    config = dict(SMOKE_CONFIG, seed=1, steps=6, eval_every=3, local_period=3,
+                  stragglers={"period": 1000.0, "slow": 1000.0, "delay": 0.05})
+    assert straggler_at(0.0, 1, 2, 1000.0, 1000.0) == 0
+    with LoopbackBed([1, 1]) as bed:
+        record = run_contender(bed, "dssync-local", config, timeout=60)
+    assert record["steps"] == 6 and sum(record["step_kinds"].values()) == 6
+    assert record["step_kinds"]["local"] == 4, record["step_kinds"]
+    assert record["slowed_seconds"] == pytest.approx(6 * 0.05)
+    assert min(record["step_times"]) >= 0.05
+    row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_change": None}, config)
+    assert row["bottleneck_bytes_estimate"] == pytest.approx(2 * record["model_bytes"])  # 2 global pair averages
+
+
 @needs_namespaces
 def test_a_killed_run_is_cleaned_up_by_the_next():
     code = ("import sys, time; sys.path.insert(0, %r)\n"
@@ -74,22 +97,89 @@ def test_estimated_bottleneck_bytes_follow_the_ring():
     assert report.estimate_bottleneck_bytes("horovod-bsp", 10, racks, 1000, config) == pytest.approx(10 * 1750)
     # Topology-aware: one bridge pair per 4 steps; a pair's ring sends the whole model each way.
     assert report.estimate_bottleneck_bytes("dssync-topology", 8, racks, 1000, config) == pytest.approx(2 * 1000)
+    # With local steps (period 4): one global average in 4 steps, as PostLocalSGD's periodic averager.
+    assert report.estimate_bottleneck_bytes("dssync-local", 8, racks, 1000, config) == pytest.approx(2 * 1750)
     assert report.estimate_bottleneck_bytes("postlocal-periodic", 8, racks, 1000, config) == pytest.approx(2 * 1750)
 
 
-def test_report_table_and_targets():
-    def row(scenario, contender, t, acc, step):
-        return {"scenario": scenario, "contender": contender, "steps": 10, "median_step_s": step,
-                "throughput_samples_s": 100.0, "time_to_target_s": t, "final_accuracy": acc,
-                "bottleneck_bytes": 2e6, "bottleneck_bytes_estimate": 1.9e6, "sync_to_link_bound": 1.1,
-                "train_seconds": 9.0}
-    rows = [row("static", "horovod-bsp", 10.0, 0.96, 0.5), row("static", "dssync-topology", 4.0, 0.958, 0.1),
-            row("none", "horovod-bsp", None, 0.9, 0.1), row("none", "dssync-topology", None, 0.9, 0.2)]
+def _row(scenario, contender, t, acc=0.96, step=0.1, train_seconds=20.0):
+    return {"scenario": scenario, "contender": contender, "steps": 10, "median_step_s": step,
+            "throughput_samples_s": 100.0, "time_to_target_s": t, "final_accuracy": acc,
+            "bottleneck_bytes": 2e6, "bottleneck_bytes_estimate": 1.9e6, "sync_to_link_bound": None,
+            "train_seconds": train_seconds}
+
+
+def test_report_table_and_targets_checked_per_dssync_contender():
+    rows = [_row("static", "horovod-bsp", 12.0), _row("static", "postlocal-periodic", 6.0),
+            _row("static", "postlocal-hierarchical", 4.0), _row("static", "ddp", 1.0),
+            _row("static", "dssync-topology-local", 2.5, acc=0.958), _row("static", "dssync-topology", 5.0),
+            _row("static", "dssync-butterfly", None), _row("static", "dssync-local", 2.0, acc=0.95),
+            # BSP and the averagers never reached the target in 20 s: their budgets bound the speedups.
+            _row("bandwidth", "horovod-bsp", None), _row("bandwidth", "postlocal-hierarchical", None),
+            _row("bandwidth", "dssync-local", 5.0), _row("bandwidth", "dssync-topology", 10.0),
+            _row("stragglers", "horovod-bsp", 12.0), _row("stragglers", "postlocal-periodic", 6.0),
+            _row("stragglers", "dssync-topology-local", 3.9), _row("stragglers", "dssync-local", 5.0),
+            _row("dynamic", "horovod-bsp", 12.0), _row("dynamic", "dssync-local", 30.0),
+            # Per step on average: dssync-local's median step is a local one, its mean counts its averages.
+            _row("none", "horovod-bsp", None, step=0.1, train_seconds=1.0),
+            _row("none", "dssync-topology", None, step=0.2, train_seconds=2.0),
+            _row("none", "dssync-local", None, step=0.01, train_seconds=1.1),
+            _row("none", "dssync-topology-local", None, step=0.01, train_seconds=0.9)]
     table = report.markdown_table(rows, 0.95)
     assert "| static | dssync-topology | 10 | 0.100 |" in table and "not reached" in table
-    checks = {t.split(":")[0]: met for t, met, _ in report.targets(rows)}
-    assert checks == {"static bottleneck": True, "no bottleneck": False,
-                      "DS-Sync's synchronization time within 1.25x of the link-bound limit": True}
+    checks = {}
+    for target, met, figures in report.targets(rows):
+        scenario, rest = target.split(": ", 1)
+        checks[scenario, rest.split()[0]] = met, figures
+    assert {key: met for key, (met, _) in checks.items()} == {
+        ("static", "dssync-topology-local"): True,   # 1.6x the hierarchical averager, 4.8x BSP, -0.2 pp
+        ("static", "dssync-topology"): False,        # slower than the hierarchical averager
+        ("static", "dssync-butterfly"): False,       # never reached the target
+        ("static", "dssync-local"): False,           # fast enough, but 1 pp below BSP's final accuracy
+        ("bandwidth", "dssync-local"): True,         # > 4x both budgets
+        ("bandwidth", "dssync-topology"): None,      # > 2x: enough against the averager, unknown against BSP
+        ("stragglers", "dssync-topology-local"): True,
+        ("stragglers", "dssync-local"): False,       # 1.2x the periodic averager
+        ("none", "dssync-topology"): False, ("none", "dssync-local"): False, ("none", "dssync-topology-local"): True}
+    assert "postlocal-hierarchical 4.0 s (1.60x, need 1.5x)" in checks["static", "dssync-topology-local"][1]
+    assert "horovod-bsp 12.0 s (4.80x, need 3x)" in checks["static", "dssync-topology-local"][1]
+    assert "final accuracy 95.0% vs BSP 96.0%" in checks["static", "dssync-local"][1]
+    assert "horovod-bsp never in 20.0 s (> 2.00x, need 3x)" in checks["bandwidth", "dssync-topology"][1]
+    assert "postlocal-periodic 6.0 s (1.20x" in checks["stragglers", "dssync-local"][1]
+    assert "mean step 0.110 s vs BSP 0.100 s (median 0.010 s vs 0.100 s)" in checks["none", "dssync-local"][1]
+
+
+def test_scenarios_every_one_built_from_the_bench_arguments():
+    from hvd_dssync.bench.cli import build_parser
+
+    args = build_parser().parse_args([])
+    assert args.scenarios == list(SCENARIOS) and set(args.contenders) == set(CONTENDERS) == set(args.others_in)
+    assert {"dssync-local", "dssync-topology-local", "postlocal-hierarchical"} <= set(CONTENDERS)
+    built = {name: scenario(name, args) for name in SCENARIOS}
+    assert built["static"]["inter_mbit"] == args.inter_mbit < built["none"]["inter_mbit"] == args.intra_mbit
+    assert built["dynamic"]["rate_change"] == [args.dynamic_after, args.inter_mbit]
+    wide = built["bandwidth"]["hidden"]
+    assert 5e6 <= 64 * wide + wide + wide * wide + wide + wide * 10 + 10 <= 1e7
+    assert built["bandwidth"]["intra_mbit"] / built["bandwidth"]["inter_mbit"] == 10
+    assert built["stragglers"]["stragglers"] == {"period": 6.0, "slow": 3.0, "delay": 0.25}
+    assert [s["stragglers"] for n, s in built.items() if n != "stragglers"] == [None] * 4
+    with pytest.raises(ValueError, match="unknown scenario 'flaky'"):
+        scenario("flaky", args)
+
+
+def test_straggler_timetable_one_host_slow_at_a_time_the_same_everywhere():
+    period, slow, size = 6.0, 3.0, 8
+    phases = straggler_timetable(7, size, period, slow, until=120.0)
+    assert len(phases) == 20 and len({rank for _, _, rank in phases}) > 2
+    for k, (start, end, rank) in enumerate(phases):
+        assert k * period <= start and end <= (k + 1) * period and end - start == pytest.approx(slow)
+    # The pure function agrees with the listing at every instant; slow 3 s in every 6 s window.
+    times = np.arange(0.0, 120.0, 0.05)
+    slow_ranks = [straggler_at(t, 7, size, period, slow) for t in times]
+    expected = [next((r for a, b, r in phases if a <= t < b), None) for t in times]
+    assert slow_ranks == expected
+    assert sum(r is not None for r in slow_ranks) * 0.05 == pytest.approx(20 * slow, abs=1.0)
+    assert straggler_timetable(8, size, period, slow, until=120.0) != phases
 
 
 def test_loopback_hostname_in_a_multi_host_job_warns(monkeypatch):

@@ -1,10 +1,7 @@
 """``python -m hvd_dssync bench``: every contender, side by side, on one emulated cluster, in one run.
 
-Scenarios (one testbed, the inter-rack rate set per scenario):
-- ``static``: the racks behind a slow link (``--inter-mbit``);
-- ``dynamic``: the link between racks starts at the intra-rack rate and drops to ``--inter-mbit``
-  ``--dynamic-after`` seconds into each contender's training (contention appears);
-- ``none``: no bottleneck, the link between racks as fast as the hosts' own links.
+Every contender runs in every scenario (:mod:`hvd_dssync.bench.scenarios`: ``static``, ``dynamic``,
+``bandwidth``, ``stragglers``, ``none``), one testbed for all, its rates set per scenario.
 
 Every rank is an emulated host (network namespace) launched with the Gloo controller and a rendezvous
 server started here, never ``horovodrun``. Without root or network namespaces the run falls back to
@@ -17,12 +14,10 @@ import time
 
 from . import report
 from .contenders import CONTENDERS, JobFailed, run_contender
+from .scenarios import SCENARIOS, scenario
 from .testbed import LoopbackBed, Testbed, namespaces_available
 
 __all__ = ["main", "build_parser"]
-
-DEFAULT_CONTENDERS = CONTENDERS
-SCENARIOS = ("static", "dynamic", "none")
 
 
 def _csv(kind, choices=None):
@@ -47,19 +42,27 @@ def build_parser():
     p.add_argument("--inter-mbit", type=float, default=40.0, help="rate between racks (static scenario)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay between racks")
     p.add_argument("--scenarios", type=_csv("scenario", SCENARIOS), default=list(SCENARIOS))
-    p.add_argument("--contenders", type=_csv("contender", CONTENDERS), default=list(DEFAULT_CONTENDERS),
+    p.add_argument("--contenders", type=_csv("contender", CONTENDERS), default=list(CONTENDERS),
                    help="comma-separated, or 'all'")
-    p.add_argument("--others-in", type=_csv("contender", CONTENDERS), default=["horovod-bsp", "dssync-topology",
-                                                                              "dssync-butterfly"],
-                   help="contenders that also run in the dynamic and none scenarios (the static one runs all)")
+    p.add_argument("--others-in", type=_csv("contender", CONTENDERS), default=list(CONTENDERS),
+                   help="of the contenders, those that also run in the scenarios other than static")
     p.add_argument("--steps", type=int, default=150, help="most training steps per contender")
     p.add_argument("--max-train-seconds", type=float, default=20.0, help="training-time budget per contender")
     p.add_argument("--dynamic-after", type=float, default=4.0, help="seconds before the dynamic rate drop")
     p.add_argument("--hidden", type=int, default=512, help="MLP width (parameters ~ hidden^2)")
+    p.add_argument("--bandwidth-hidden", type=int, default=2400,
+                   help="MLP width in the bandwidth scenario (2400: 5.9M parameters)")
+    p.add_argument("--bandwidth-intra-mbit", type=float, default=4000.0, help="host links, bandwidth scenario")
+    p.add_argument("--bandwidth-inter-mbit", type=float, default=400.0, help="between racks, bandwidth scenario")
+    p.add_argument("--straggler-period", type=float, default=6.0,
+                   help="stragglers scenario: one host is slow once in each period of this many seconds")
+    p.add_argument("--straggler-slow", type=float, default=3.0, help="seconds it stays slow")
+    p.add_argument("--straggler-delay", type=float, default=0.25, help="seconds it adds to each of its steps")
     p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--local-period", type=int, default=4, help="PostLocalSGD averaging period")
+    p.add_argument("--local-period", type=int, default=4,
+                   help="averaging period of PostLocalSGD and of DS-Sync's local-step contenders")
     p.add_argument("--warmup-steps", type=int, default=0, help="bulk-synchronous warm-up (DS-Sync, PostLocalSGD)")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy")
@@ -69,14 +72,6 @@ def build_parser():
     p.add_argument("--loopback", action="store_true", help="run on loopback even where namespaces work")
     p.add_argument("--no-plots", action="store_true")
     return p
-
-
-def _scenario(name, args):
-    if name == "static":
-        return {"name": name, "inter_mbit": args.inter_mbit, "rate_change": None}
-    if name == "dynamic":
-        return {"name": name, "inter_mbit": args.intra_mbit, "rate_change": [args.dynamic_after, args.inter_mbit]}
-    return {"name": name, "inter_mbit": args.intra_mbit, "rate_change": None}
 
 
 def main(argv=None):
@@ -94,12 +89,13 @@ def main(argv=None):
     if ok:
         bed = Testbed([per_rack] * args.racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit,
                       delay_ms=args.delay_ms)
-        scenarios = [_scenario(s, args) for s in args.scenarios]
+        scenarios = [scenario(s, args) for s in args.scenarios]
     else:
         print(f"bench: network namespaces are not available ({why}); running on LOOPBACK: no racks, no "
               "shaping, no bottleneck to measure. These figures say nothing about a bottlenecked network.")
         bed = LoopbackBed([per_rack] * args.racks)
-        scenarios = [{"name": "loopback", "inter_mbit": 0.0, "rate_change": None}]
+        scenarios = [{"name": "loopback", "intra_mbit": 0.0, "inter_mbit": 0.0, "rate_change": None,
+                      "hidden": args.hidden, "stragglers": None}]
     os.makedirs(args.out, exist_ok=True)
     runs, rows, failures = [], [], []
     started = time.monotonic()
@@ -108,24 +104,30 @@ def main(argv=None):
         print(f"bench: {testbed['mode']} testbed, racks {racks}, intra {args.intra_mbit} Mbit/s, inter "
               f"{args.inter_mbit} Mbit/s, delay {args.delay_ms} ms; launcher: Gloo controller, rendezvous "
               "server started by the bench (no horovodrun), OMP_NUM_THREADS=1")
-        for scenario in scenarios:
+        for setting in scenarios:
             if testbed["mode"] == "namespaces":
-                bed.set_inter_rate(scenario["inter_mbit"])
-            contenders = args.contenders if scenario["name"] in ("static", "loopback") else \
+                if setting["intra_mbit"] != bed.intra_mbit:
+                    bed.set_host_rate(setting["intra_mbit"])
+                bed.set_inter_rate(setting["inter_mbit"])
+                print(f"  scenario {setting['name']}: hosts {setting['intra_mbit']:g} Mbit/s, between racks "
+                      f"{setting['inter_mbit']:g} Mbit/s, MLP width {setting['hidden']}"
+                      + (f", stragglers {setting['stragglers']}" if setting["stragglers"] else ""), flush=True)
+            contenders = args.contenders if setting["name"] in ("static", "loopback") else \
                 [c for c in args.contenders if c in args.others_in]
+            job_config = dict(config, hidden=setting["hidden"], stragglers=setting["stragglers"])
             for contender in contenders:
-                print(f"  [{scenario['name']}] {contender} ...", flush=True)
+                print(f"  [{setting['name']}] {contender} ...", flush=True)
                 t0 = time.monotonic()
                 try:
-                    record = run_contender(bed, contender, config, args.timeout,
-                                           rate_change=scenario["rate_change"] and tuple(scenario["rate_change"]))
+                    record = run_contender(bed, contender, job_config, args.timeout,
+                                           rate_change=setting["rate_change"] and tuple(setting["rate_change"]))
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
-                    failures.append({"scenario": scenario["name"], "contender": contender, "error": str(e)[-4000:]})
+                    failures.append({"scenario": setting["name"], "contender": contender, "error": str(e)[-4000:]})
                     continue
-                row = report.summarize(record, scenario, config)
+                row = report.summarize(record, setting, job_config)
                 rows.append(row)
-                runs.append({"scenario": scenario["name"], "contender": contender, "record": record})
+                runs.append({"scenario": setting["name"], "contender": contender, "record": record})
                 print(f"    {row['steps']} steps, median {row['median_step_s']:.3f} s, final accuracy "
                       f"{row['final_accuracy']:.1%}, time to target {row['time_to_target_s']}, "
                       f"bottleneck bytes {row['bottleneck_bytes']} (est. {row['bottleneck_bytes_estimate']:.0f}), "

@@ -311,6 +311,15 @@ class Testbed:
             self._tbf([], name, mbit, 0.0, "change" if self.inter_mbit else "replace")
         self.inter_mbit = float(mbit)
 
+    def set_host_rate(self, mbit):
+        """Change the rate of every host's own link now (a scenario with faster or slower hosts)."""
+        if not mbit:
+            raise ValueError("Arg ``mbit`` must be positive.")
+        for rank in range(self.size):
+            self._tbf(["ip", "netns", "exec", self.namespace(rank)], "eth0", mbit, 0.0,
+                      "change" if self.intra_mbit else "replace")
+        self.intra_mbit = float(mbit)
+
     def _wait_until_reachable(self, timeout=10.0):
         """One TCP connection from the first rank to the last, across every rack (no ping needed)."""
         import sys
@@ -408,6 +417,9 @@ class LoopbackBed:
         return proc
 
     def set_inter_rate(self, mbit):
+        pass
+
+    def set_host_rate(self, mbit):
         pass
 
     def bottleneck_bytes(self):

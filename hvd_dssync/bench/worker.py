@@ -6,7 +6,9 @@ step, evaluates its own model every ``eval_every`` steps (outside the training c
 evaluates the global average of the models; it writes the record to ``config["out"]``.
 
 The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) so that the launcher can
-read the bottleneck's byte counters around exactly the training steps.
+read the bottleneck's byte counters around exactly the training steps. Under ``config["stragglers"]``
+the rank that :func:`~hvd_dssync.bench.scenarios.straggler_at` names sleeps ``delay`` seconds more in
+each of its steps (after the backward pass, before the optimizer's communication).
 """
 import json
 import os
@@ -17,12 +19,19 @@ import warnings
 
 import numpy as np
 
+from hvd_dssync.bench.scenarios import straggler_at
 from hvd_dssync.topology import loopback_hostname_warning
 
-__all__ = ["main", "CONTENDERS"]
+__all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "dssync_arguments"]
 
-CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical",
-              "dssync-shuffle", "dssync-butterfly", "dssync-topology")
+# DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
+# one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
+DSSYNC_CONTENDERS = {
+    "dssync-shuffle": ("shuffle", False), "dssync-butterfly": ("butterfly", False),
+    "dssync-topology": ("topology", False), "dssync-local": ("one group", True),
+    "dssync-topology-local": ("topology", True),
+}
+CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
 
@@ -84,8 +93,27 @@ class Comm:
                 p.data /= dist.get_world_size()
 
 
+def dssync_arguments(name, config):
+    """``DistributedOptimizer``'s DS-Sync keywords for contender ``name`` (its ``dss.init`` ones but
+    ``average_every``).
+
+    Example::
+
+        >>> dssync_arguments("dssync-local", {"racks": [[0, 1], [2, 3]], "local_period": 4})
+        {'schedule': 'shuffle', 'num_groups': 1, 'average_every': 4}
+    """
+    schedule, local = DSSYNC_CONTENDERS[name]
+    racks = config["racks"]
+    out = {"shuffle": dict(schedule="shuffle", num_groups=len(racks)), "butterfly": dict(schedule="butterfly"),
+           "topology": dict(schedule="topology", topology=racks),
+           "one group": dict(schedule="shuffle", num_groups=1)}[schedule]
+    if local:
+        out["average_every"] = config["local_period"]
+    return out
+
+
 def _make_contender(name, model, config, rank, size):
-    """(model to call, optimizer, Comm, per-step sync-seconds function or None)."""
+    """(model to call, optimizer, Comm, function of the last step's (kind, sync seconds), or None)."""
     import torch
 
     lr, momentum = config["lr"], config["momentum"]
@@ -101,15 +129,12 @@ def _make_contender(name, model, config, rank, size):
                                            named_parameters=model.named_parameters())
             sync = None
         else:
-            schedule = name.split("-", 1)[1]
-            kwargs = {"shuffle": dict(schedule="shuffle", num_groups=len(racks)),
-                      "butterfly": dict(schedule="butterfly"),
-                      "topology": dict(schedule="topology", topology=racks)}[schedule]
-            dss.init(seed=config["seed"], **kwargs)
+            kwargs = dssync_arguments(name, config)
+            dss.init(seed=config["seed"], **{k: v for k, v in kwargs.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup, **kwargs)
-            sync = lambda: opt.last_sync["seconds"]  # noqa: E731
+            sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt, Comm("horovod"), sync
 
@@ -198,11 +223,16 @@ def run(config):
         calib.append(time.perf_counter() - started)
     compute_seconds = float(np.median(calib)) if calib else 0.0
 
-    net, opt, comm, sync_seconds = _make_contender(name, model, config, rank, size)
+    net, opt, comm, last_sync = _make_contender(name, model, config, rank, size)
+    stragglers = config.get("stragglers")
     comm.max_flag(0)
     if rank == 0:
         print("MARK start", flush=True)
+    # The straggler timetable runs on wall time from here: the barrier just above started every rank
+    # together, and a slow host stays slow whatever training does meanwhile.
+    training_started = time.perf_counter()
     step_times, sync_times, curve, losses = [], [], [], []
+    kinds, slowed_seconds = {}, 0.0
     train_clock = 0.0
     loss_value = float("nan")
     for step in range(config["steps"]):
@@ -211,12 +241,22 @@ def run(config):
         opt.zero_grad()
         loss = loss_fn(net(x_train[idx]), y_train[idx])
         loss.backward()
+        if stragglers and straggler_at(started - training_started, config["seed"], size, stragglers["period"],
+                                       stragglers["slow"]) == rank:
+            # A slow host's compute: sleeping leaves the shared cores to the other ranks.
+            time.sleep(stragglers["delay"])
+            slowed_seconds += stragglers["delay"]
         opt.step()
         elapsed = time.perf_counter() - started
         loss_value = loss.item()
         losses.append(loss_value)
         step_times.append(elapsed)
-        sync_times.append(sync_seconds() if sync_seconds else max(0.0, elapsed - compute_seconds))
+        if last_sync:
+            kind, seconds = last_sync()
+            kinds[kind] = kinds.get(kind, 0) + 1
+            sync_times.append(seconds)
+        else:
+            sync_times.append(max(0.0, elapsed - compute_seconds))
         train_clock += elapsed
         last = step == config["steps"] - 1
         if (step + 1) % config["eval_every"] == 0 or last:
@@ -240,6 +280,7 @@ def run(config):
         "step_times": step_times, "sync_times": sync_times, "curve": curve,
         "local_accuracy": local_accuracy, "final_loss": final_loss, "final_accuracy": final_accuracy,
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
+        "step_kinds": kinds, "slowed_seconds": slowed_seconds,
     }
     if rank == 0:
         with open(config["out"], "w") as f:

@@ -1,0 +1,82 @@
+"""The bench's scenarios: what the network and the hosts do while every contender trains.
+
+- ``static``: the racks behind a slow link (``--inter-mbit``);
+- ``dynamic``: the link between racks starts at the intra-rack rate and drops to ``--inter-mbit``
+  ``--dynamic-after`` seconds into each contender's training (contention appears);
+- ``bandwidth``: a model of several million parameters (``--bandwidth-hidden``) on links ten times
+  faster (``--bandwidth-intra-mbit``, ``--bandwidth-inter-mbit``), so that the time a collective spends on
+  the slow link, not its fixed per-collective cost, dominates a step;
+- ``stragglers``: no slow link; instead one host at a time computes slowly for a few seconds, on a
+  timetable drawn from the seed (:func:`straggler_at`), the same for every contender;
+- ``none``: no bottleneck, the link between racks as fast as the hosts' own links.
+
+A scenario is a plain dict: ``name``, ``intra_mbit``, ``inter_mbit``, ``rate_change`` (``[seconds, mbit]``
+or ``None``), ``hidden`` (the MLP width) and ``stragglers`` (``{"period", "slow", "delay"}`` or ``None``).
+"""
+import numpy as np
+
+__all__ = ["SCENARIOS", "scenario", "straggler_at", "straggler_timetable"]
+
+SCENARIOS = ("static", "dynamic", "bandwidth", "stragglers", "none")
+
+
+def scenario(name, args):
+    """The scenario ``name`` built from the bench's parsed arguments.
+
+    Example::
+
+        >>> from hvd_dssync.bench.cli import build_parser
+        >>> scenario("stragglers", build_parser().parse_args([]))["stragglers"]
+        {'period': 6.0, 'slow': 3.0, 'delay': 0.25}
+    """
+    out = {"name": name, "intra_mbit": args.intra_mbit, "inter_mbit": args.intra_mbit, "rate_change": None,
+           "hidden": args.hidden, "stragglers": None}
+    if name == "static":
+        out["inter_mbit"] = args.inter_mbit
+    elif name == "dynamic":
+        out["rate_change"] = [args.dynamic_after, args.inter_mbit]
+    elif name == "bandwidth":
+        out.update(intra_mbit=args.bandwidth_intra_mbit, inter_mbit=args.bandwidth_inter_mbit,
+                   hidden=args.bandwidth_hidden)
+    elif name == "stragglers":
+        out["stragglers"] = {"period": args.straggler_period, "slow": args.straggler_slow,
+                             "delay": args.straggler_delay}
+    elif name != "none":
+        raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
+    return out
+
+
+def straggler_at(seconds, seed, world_size, period, slow):
+    """The rank that is slow ``seconds`` into training, or ``None``; the same answer on every rank.
+
+    Time is cut into windows of ``period`` seconds; in each, one rank drawn from ``(seed, window)`` is
+    slow for ``slow`` seconds starting at a drawn offset. No state and no communication: every rank and
+    every contender evaluates the same timetable.
+
+    Example::
+
+        >>> [straggler_at(t, seed=0, world_size=8, period=6.0, slow=3.0) for t in (0.0, 1.0, 2.0, 5.0)]
+        [None, 6, 6, None]
+    """
+    if seconds < 0 or not 0 < slow <= period:
+        return None
+    start, end, rank = _slow_phase(seed, world_size, period, slow, int(seconds // period))
+    return rank if start <= seconds < end else None
+
+
+def straggler_timetable(seed, world_size, period, slow, until):
+    """``[(start, end, rank)]``: the slow phases of :func:`straggler_at` up to ``until`` seconds.
+
+    Example::
+
+        >>> [(round(a, 2), round(b, 2), r) for a, b, r in straggler_timetable(0, 8, 6.0, 3.0, 12.0)]
+        [(0.81, 3.81, 6), (7.67, 10.67, 4)]
+    """
+    return [_slow_phase(seed, world_size, period, slow, window) for window in range(int(np.ceil(until / period)))]
+
+
+def _slow_phase(seed, world_size, period, slow, window):
+    rng = np.random.default_rng([seed, window])
+    rank = int(rng.integers(world_size))
+    start = window * period + float(rng.uniform(0.0, period - slow))
+    return start, start + slow, rank
