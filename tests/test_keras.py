@@ -32,3 +32,12 @@ def test_digits_matches_horovod(launcher, np, tmp_path):
     accuracy = {name: r["final_accuracy"] for name, r in json.loads(result.read_text()).items()}
     assert accuracy["horovod"] > 0.9, accuracy
     assert accuracy["dssync"] >= accuracy["horovod"] - 0.01, accuracy
+
+
+@pytest.mark.parametrize("launcher,np", [pytest.param("gloo", 3, id="gloo-np3"), pytest.param("mpi", 4, id="mpi-np4")])
+def test_horovod_fidelity(launcher, np):
+    """Horovod's resume recipe, mixed precision with one rank overflowing (both wrapping orders), a rank a
+    step behind stopped with the steps named, Horovod's optimizer attributes."""
+    output = run(launcher, np, "keras_fidelity.py", timeout=420)
+    assert output.count("all checks passed") == np, output
+    assert output.count("ranks are at different DS-Sync steps") >= 2 * np, output
