@@ -39,3 +39,12 @@ def test_process_sets_and_fp16_compression():
     updates below its resolution, within its error bound of the exact group means."""
     output = run("gloo", 4, "keras_process_sets.py", timeout=420)
     assert output.count("all checks passed") == 4, output
+
+
+@pytest.mark.parametrize("launcher,np", [pytest.param("gloo", 3, id="gloo-np3"), pytest.param("mpi", 4, id="mpi-np4")])
+def test_horovod_fidelity(launcher, np):
+    """Horovod's resume recipe, mixed precision with one rank overflowing (both wrapping orders), a rank a
+    step behind stopped with the steps named, Horovod's optimizer attributes."""
+    output = run(launcher, np, "keras_fidelity.py", timeout=420)
+    assert output.count("all checks passed") == np, output
+    assert output.count("ranks are at different DS-Sync steps") >= 2 * np, output

@@ -92,7 +92,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compile=Tr
 
     def wrap(name):
         def from_config(klass, config, custom_objects=None):
-            chosen = legacy if config.get("is_legacy_optimizer") and name in legacy else new
+            # Keras's own rule: a config without the flag is a legacy optimizer's.
+            chosen = legacy if config.get("is_legacy_optimizer", True) and name in legacy else new
             base = chosen.get(name) or legacy[name]
             return DistributedOptimizer(base.from_config(config), **options)
 

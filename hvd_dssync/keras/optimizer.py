@@ -27,7 +27,8 @@ __all__ = ["DistributedOptimizer"]
 class _DSSyncOptimizer:
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
-    def _dssync_setup(self, sync, model, average_non_trainable, passes, average_aggregated, options):
+    def _dssync_setup(self, sync, model, average_non_trainable, passes, average_aggregated, scale_local_gradients,
+                      options):
         self._dssync = sync
         self._dssync_passes = passes
         self._dssync_average_aggregated = average_aggregated
@@ -37,6 +38,11 @@ class _DSSyncOptimizer:
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = average_non_trainable
         self._dssync_local_vars = set()
+        # Horovod's attributes that scripts read, with their DS-Sync meaning (docs/keras.md).
+        object.__setattr__(self, "_local_vars", self._dssync_local_vars)
+        object.__setattr__(self, "_agg_helper", None if passes == 1 else _PassAggregation(self))
+        self.process_set = hvd.global_process_set
+        self.scale_local_gradients = scale_local_gradients
         shapes = None
         if model is not None and model.built:
             shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
@@ -63,6 +69,27 @@ class _DSSyncOptimizer:
         """
         return int(self.iterations.numpy()) // self._dssync_passes
 
+    def compute_gradients(self, loss, var_list, tape=None):
+        """This rank's own gradients, as :meth:`_compute_gradients`."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """This rank's own gradients: unlike Horovod's, not allreduced (DS-Sync averages models instead).
+
+        Horovod's optimizers have it under both names, for both kinds of Keras optimizer; so does this one.
+        """
+        base = super(self.__class__, self)
+        if hasattr(base, "_compute_gradients"):
+            return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        return base.compute_gradients(loss, var_list, tape=tape)
+
+    def _allreduce_grads(self, grads, vars=None):
+        """``grads`` averaged over all ranks, as Horovod's (and DS-Sync's warm-up) gradient allreduce.
+
+        ``None`` entries stay ``None``. A collective: call it on every rank.
+        """
+        return self._dssync.allreduce_gradients(list(grads))
+
     def register_local_var(self, var):
         """Keep ``var`` local to this rank: never averaged, its gradient never allreduced (as Horovod)."""
         self._dssync_local_vars.add(var.ref())
@@ -74,10 +101,17 @@ class _DSSyncOptimizer:
         grads, variables = (list(x) for x in zip(*grads_and_vars))
         self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
         averaged = self._dssync_averaged(variables)
-        if self._dssync_passes == 1:
-            iteration, _ = self._dssync_step(grads, variables, averaged, tf.identity(self.iterations), args, kwargs)
-            return iteration
-        return self._dssync_accumulate(grads, variables, averaged, args, kwargs)
+        # The wrapped optimizer's own gradient aggregation runs inside; it is not a wrapper's call.
+        object.__setattr__(self, "_dssync_applying", True)
+        try:
+            with tf.control_dependencies([self._dssync.adopt_root_step(self.iterations)]):
+                if self._dssync_passes == 1:
+                    iteration, _ = self._dssync_step(grads, variables, averaged, tf.identity(self.iterations),
+                                                     args, kwargs)
+                    return iteration
+                return self._dssync_accumulate(grads, variables, averaged, args, kwargs)
+        finally:
+            object.__setattr__(self, "_dssync_applying", False)
 
     def _dssync_step(self, grads, variables, averaged, step, args, kwargs):
         """One DS-Sync step: the warm-up's gradient allreduce, this rank's update, the group average.
@@ -88,9 +122,38 @@ class _DSSyncOptimizer:
         reduced = self._dssync.gradients([grads[i] for i in shared], step)
         for i, g in zip(shared, reduced):
             grads[i] = g
+        if not _is_loss_scale_optimizer(self):
+            iteration = super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+            with tf.control_dependencies([iteration]):
+                return iteration, self._dssync.average(averaged, step)
+        # This optimizer is a loss-scale one: every rank skips its update together, and then its average too,
+        # as when a LossScaleOptimizer wraps this one.
+        grads, finite = self._dssync.shared_finiteness(grads)
         iteration = super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
-        with tf.control_dependencies([iteration]):
-            return iteration, self._dssync.average(averaged, step)
+        # Keras' new LossScaleOptimizer returns nothing; the average reads the variables it updates, which
+        # orders it after the update inside a tf.function.
+        with tf.control_dependencies([] if iteration is None else [iteration]):
+            return iteration, tf.cond(finite, lambda: tf.group(self._dssync.average(averaged, step)), tf.no_op)
+
+    def aggregate_gradients(self, grads_and_vars):
+        """Keras' hook for a wrapper's cross-replica aggregation: here, a shared verdict on finiteness.
+
+        ``LossScaleOptimizer(dss.DistributedOptimizer(opt))`` (what ``model.compile`` builds under a
+        ``mixed_float16`` policy) calls it before its finiteness check; see :meth:`StepSync.shared_finiteness`.
+        """
+        return super(self.__class__, self).aggregate_gradients(self._dssync_shared_finiteness(grads_and_vars))
+
+    def _aggregate_gradients(self, grads_and_vars):
+        """:meth:`aggregate_gradients` of Keras' legacy optimizers."""
+        return super(self.__class__, self)._aggregate_gradients(self._dssync_shared_finiteness(grads_and_vars))
+
+    def _dssync_shared_finiteness(self, grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        if getattr(self, "_dssync_applying", False) or not grads_and_vars:
+            return grads_and_vars
+        grads, variables = zip(*grads_and_vars)
+        grads, _ = self._dssync.shared_finiteness(list(grads))
+        return list(zip(grads, variables))
 
     def _dssync_accumulate(self, grads, variables, averaged, args, kwargs):
         """``backward_passes_per_step`` > 1, as Horovod: sum this pass's gradients; step on every last pass.
@@ -150,6 +213,26 @@ class _DSSyncOptimizer:
         self._dssync.rebuild()
 
 
+class _PassAggregation:
+    """``opt._agg_helper`` with ``backward_passes_per_step`` > 1: Horovod's helper's readable attributes.
+
+    The accumulation itself runs in the optimizer (``_dssync_accumulate``).
+    """
+
+    def __init__(self, optimizer):
+        self._optimizer = weakref.ref(optimizer)
+        self.backward_passes_per_step = optimizer._dssync_passes
+        self.average_aggregated_gradients = optimizer._dssync_average_aggregated
+
+    @property
+    def counter(self):
+        """Passes since the last applied step, as Horovod's counter."""
+        return tf.math.floormod(self._optimizer().iterations, self.backward_passes_per_step)
+
+    def register_local_var(self, var):
+        self._optimizer().register_local_var(var)
+
+
 def _calling_model(optimizer):
     """The Keras model whose ``train_step`` is tracing this optimizer's step, if any.
 
@@ -167,6 +250,10 @@ def _calling_model(optimizer):
                 return candidate
         frame = frame.f_back
     return None
+
+
+def _is_loss_scale_optimizer(optimizer):
+    return isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
 
 
 def _is_keras_optimizer(optimizer):
@@ -249,6 +336,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._dssync_setup(sync, model, average_non_trainable, backward_passes_per_step, average_aggregated_gradients,
+                          scale_local_gradients,
                           {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                            "sparse_as_dense": sparse_as_dense, "average_non_trainable": average_non_trainable,
                            "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,

@@ -37,6 +37,10 @@ _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
 _instances = itertools.count()
 
+# The step travels with every average as its low bits, 0 or 1 in the averaged dtype (exact even in float16
+# for any group of fewer than 2048 ranks): a bit's group mean is 0 or 1 only if every member has it alike.
+_STEP_BITS = 32
+
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=None, warmup_steps=0,
               global_every=0, average_every=1, schedule_options=None, scope=None):
@@ -102,6 +106,9 @@ class StepSync:
         self._open, self._opened = {}, itertools.count()
         self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
+        # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
+        # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
+        self._adopted = None
         self._use(plan)
         # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
         # fresh, and its op names must equal the survivors'.
@@ -180,6 +187,74 @@ class StepSync:
                    "reset callback. Horovod's world size and this rank now:")
         return [tf.debugging.Assert(same, [message, size, rank], name=f"{self.name}_world_check")]
 
+    def adopt_root_step(self, counter):
+        """An op that, on this process's first run of the step, sets ``counter`` (a step variable) to rank 0's.
+
+        Horovod's resume recipe restores a checkpoint on rank 0 only and broadcasts after the first batch
+        (``BroadcastGlobalVariablesCallback``), so the first step would otherwise start rank 0 at its saved
+        step and the others at 0: different groups, a deadlock. One broadcast of a scalar, once per
+        process; later runs read a flag. Under elastic Horovod the state's sync does it instead (a
+        newcomer's first step is not the survivors').
+        """
+        if self.plan.world_size == 1 or elastic_job():
+            return tf.no_op()
+        with tf.init_scope():
+            if self._adopted is None:
+                self._adopted = tf.Variable(False, trainable=False, name=f"{self.name}_adopted")
+
+        def adopt():
+            root = hvd.broadcast(tf.identity(counter), root_rank=self._scope.ranks[0], ignore_name_scope=True,
+                                 name=f"{self.name}_root_step", process_set=self.process_set)
+            with tf.control_dependencies([counter.assign(root)]):
+                return tf.identity(self._adopted.assign(True))
+
+        return tf.cond(self._adopted.read_value(), lambda: tf.constant(True), adopt)
+
+    def shared_finiteness(self, grads):
+        """``grads``, with the first one made NaN on every rank if any rank's are not all finite; and whether all were.
+
+        A loss-scale optimizer skips the update, and so DS-Sync's average, on a rank whose gradients
+        overflowed; its group would wait for it. Horovod's allreduced gradients carry one rank's overflow to
+        all; here one scalar allreduce over all ranks does, so every rank skips together.
+        """
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if self.plan.world_size == 1 or not present:
+            return list(grads), tf.constant(True)
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_dense_values(grads[i]))) for i in present])
+        with tf.control_dependencies(self.world_check()):
+            overflowed = tf.cast(tf.logical_not(finite), tf.float32)[None]
+        everywhere = tf.equal(hvd.allreduce(overflowed, op=hvd.Sum, ignore_name_scope=True,
+                                            name=f"{self.name}_finite", process_set=self.process_set)[0], 0.0)
+        first = grads[present[0]]
+
+        def poisoned():
+            if isinstance(first, tf.IndexedSlices):
+                return tf.IndexedSlices(first.values * np.nan, first.indices, first.dense_shape)
+            return first * np.nan
+
+        out = list(grads)
+        out[present[0]] = tf.cond(everywhere, lambda: tf.identity(first), poisoned)
+        return out, everywhere
+
+    def _step_check(self, means, step, group_size):
+        """An assertion that every member of the group that averaged ``means`` (step bits) is at ``step``.
+
+        Op names do not carry the step, so a rank a step behind would otherwise average silently with
+        the peers of another step whenever its group recurs; every member sees the same means, so all
+        stop together.
+        """
+        means = tf.cast(means, tf.float64)
+        spread = tf.reduce_max(tf.minimum(means, 1.0 - means))
+        group_mean = tf.reduce_sum(means * tf.constant([2.0 ** i for i in range(_STEP_BITS)], tf.float64))
+        # A bit that differs between members has a group mean of at least 1/size from 0 and from 1.
+        agree = spread < 0.5 / self.plan.world_size
+        return tf.debugging.Assert(
+            agree, [f"hvd_dssync: ranks are at different DS-Sync steps: rank {self.plan.rank} is at step",
+                    tf.cast(step, tf.int64), "while the members of its group (size", group_size,
+                    ") average to step", group_mean, "(every member must be at the same step; a rank that "
+                    "restored another checkpoint, or ran a step the others did not, differs)"],
+            summarize=_STEP_BITS, name=f"{self.name}_step_check")
+
     def _branch_of(self, step):
         action = self.plan.action(step)
         if action.kind in (BSP, LOCAL) or len(action.group) == 1:
@@ -216,45 +291,64 @@ class StepSync:
         """
         if self.plan.policy.warmup_steps == 0 or self.plan.world_size == 1:
             return list(grads)
-        check = self.world_check()
         present = [i for i, g in enumerate(grads) if g is not None]
-        dense = []
-        for i in present:
-            g = grads[i]
-            if isinstance(g, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
-                g = tf.convert_to_tensor(g)
-            if check:
-                with tf.control_dependencies(check):
-                    g = tf.identity(g)
-            dense.append(g)
-        if not dense:
+        if not present:
             return list(grads)
-        prescale = postscale = 1.0
-        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
+        with tf.control_dependencies(self.world_check()):
+            dense = [tf.identity(self._dense(grads[i])) for i in present]
+        bits = _step_bits(step, dense[0].dtype)
 
         def allreduce():
-            return hvd.grouped_allreduce(dense, op=self.op, compression=self.compression,
-                                         prescale_factor=prescale, postscale_factor=postscale,
-                                         device_dense=self.device_dense, ignore_name_scope=True,
-                                         name=f"{self.name}_bsp", process_set=self.process_set)
+            reduced = self._allreduce_dense(dense + [bits], "bsp")
+            if self.op == hvd.Sum:
+                reduced[-1] = reduced[-1] / self.plan.world_size
+            return reduced
 
         bsp = tf.cast(step, tf.int64) < self.plan.policy.warmup_steps
         begun = self._begin(tf.where(bsp, _GLOBAL, _KEEP), step, "bsp")
         with tf.control_dependencies([begun]):
             dense = [tf.identity(g) for g in dense]
-        reduced = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense])
-        with tf.control_dependencies(reduced):
+        *reduced, means = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense] + [bits])
+        with tf.control_dependencies(reduced + [means]):
             ended = self._end(begun)
         with tf.control_dependencies([ended]):
+            checked = self._step_check(means, step, self.plan.world_size)
+        with tf.control_dependencies([checked]):
             reduced = [tf.identity(g) for g in reduced]
         out = list(grads)
         for i, g in zip(present, reduced):
             out[i] = g
         return out
+
+    def allreduce_gradients(self, grads):
+        """``grads`` reduced over all ranks as in a warm-up step, at any step (``None`` entries stay ``None``)."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if self.plan.world_size == 1 or not present:
+            return list(grads)
+        with tf.control_dependencies(self.world_check()):
+            dense = [tf.identity(self._dense(grads[i])) for i in present]
+        out = list(grads)
+        for i, g in zip(present, self._allreduce_dense(dense, "allreduce_grads")):
+            out[i] = g
+        return out
+
+    def _dense(self, gradient):
+        if isinstance(gradient, tf.IndexedSlices):
+            if not self.sparse_as_dense:
+                raise ValueError("sparse gradients need sparse_as_dense=True to be allreduced by hvd_dssync")
+            return tf.convert_to_tensor(gradient)
+        return gradient
+
+    def _allreduce_dense(self, dense, kind):
+        """Horovod's gradient allreduce over all ranks: ``op``, ``compression``, ``gradient_predivide_factor``."""
+        prescale = postscale = 1.0
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        return hvd.grouped_allreduce(dense, op=self.op, compression=self.compression,
+                                     prescale_factor=prescale, postscale_factor=postscale,
+                                     device_dense=self.device_dense, ignore_name_scope=True,
+                                     name=f"{self.name}_{kind}", process_set=self.process_set)
 
     def average(self, variables, step):
         """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
@@ -266,16 +360,23 @@ class StepSync:
         begun = self._begin(branch, step, "group")
         with tf.control_dependencies(check + [begun]):
             values = [tf.identity(v) for v in variables]
+        bits = _step_bits(step, variables[0].dtype)
         if self.compression is not hvd.Compression.none:
-            averaged = self._average_differences(variables, values, branch, step)
+            *averaged, means = self._average_differences(variables, values, bits, branch, step)
         else:
-            branches = [lambda: [tf.identity(v) for v in values],
-                        lambda: self._allreduce(values, self.process_set, "global")]
+            sent = values + [bits]
+            branches = [lambda: [tf.identity(v) for v in sent],
+                        lambda: self._allreduce(sent, self.process_set, "global")]
             for group in self._groups:
-                branches.append(lambda g=group: self._allreduce(values, self._set_of(g), "group"))
-            averaged = tf.switch_case(branch, branches, name=f"{self.name}_switch")
-        with tf.control_dependencies([v.assign(a) for v, a in zip(variables, averaged)]):
-            return self._end(begun)
+                branches.append(lambda g=group: self._allreduce(sent, self._set_of(g), "group"))
+            *averaged, means = tf.switch_case(branch, branches, name=f"{self.name}_switch")
+        with tf.control_dependencies(averaged + [means]):
+            ended = self._end(begun)
+        sizes = tf.constant([1, self.plan.world_size] + [len(g) for g in self._groups], tf.int32)
+        with tf.control_dependencies([ended]):
+            checked = self._step_check(means, step, tf.gather(sizes, branch))
+        with tf.control_dependencies([checked]):
+            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
 
     def _begin(self, branch, step, kind):
         """An op that opens this step's communication when ``branch`` communicates; returns its id tensor.
@@ -327,45 +428,47 @@ class StepSync:
                                                     name="dssync_reference")
         return self._references[key]
 
-    def _average_differences(self, variables, values, branch, step):
+    def _average_differences(self, variables, values, bits, branch, step):
         """Lossy compression: the group's models averaged through compressed differences from a shared reference.
 
         As the PyTorch adapter's (``hvd_dssync.torch.optimizer``): rank ``j`` sends ``C(x_j - r)`` and keeps
         ``r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``, so the group's mean is kept and an update below
         the compression's resolution is carried, not rounded away. ``r`` is set by an exact average over the
         scope at the first step after the warm-up (the same step on every rank, whatever its group) and
-        moved by global averages only.
+        moved by global averages only. The step ``bits`` ride along uncompressed; their means come last.
         """
         references = [self._reference_of(v) for v in variables]
         compression = self.compression
 
         def establish():
-            exact = hvd.grouped_allreduce(values, op=hvd.Average, process_set=self.process_set,
-                                          device_dense=self.device_dense, ignore_name_scope=True,
-                                          name=f"{self.name}_reference")
+            *exact, means = hvd.grouped_allreduce(values + [bits], op=hvd.Average, process_set=self.process_set,
+                                                  device_dense=self.device_dense, ignore_name_scope=True,
+                                                  name=f"{self.name}_reference")
             with tf.control_dependencies([r.assign(e) for r, e in zip(references, exact)]
                                          + [self._reference_set.assign(True)]):
-                return [tf.identity(e) for e in exact]
+                return [tf.identity(e) for e in exact] + [tf.identity(means)]
 
         def through(process_set, kind, moves_reference):
             def mix():
                 differences = [v - r for v, r in zip(values, references)]
                 compressed, contexts = zip(*(compression.compress(d) for d in differences))
-                averaged = hvd.grouped_allreduce(list(compressed), op=hvd.Average, process_set=process_set,
-                                                 device_dense=self.device_dense, ignore_name_scope=True,
-                                                 name=f"{self.name}_{kind}_{process_set.process_set_id}")
+                *averaged, means = hvd.grouped_allreduce(list(compressed) + [bits], op=hvd.Average,
+                                                         process_set=process_set, device_dense=self.device_dense,
+                                                         ignore_name_scope=True,
+                                                         name=f"{self.name}_{kind}_{process_set.process_set_id}")
                 received = [compression.decompress(a, ctx) for a, ctx in zip(averaged, contexts)]
                 mixed = [r + a + (d - compression.decompress(c, ctx))
                          for r, a, d, c, ctx in zip(references, received, differences, compressed, contexts)]
                 if not moves_reference:
-                    return mixed
+                    return mixed + [means]
                 with tf.control_dependencies(mixed):
                     moved = [r.assign_add(a) for r, a in zip(references, received)]
                 with tf.control_dependencies(moved):
-                    return [tf.identity(m) for m in mixed]
+                    return [tf.identity(m) for m in mixed] + [tf.identity(means)]
             return mix
 
-        branches = [lambda: [tf.identity(v) for v in values], through(self.process_set, "global", True)]
+        branches = [lambda: [tf.identity(v) for v in values] + [tf.identity(bits)],
+                    through(self.process_set, "global", True)]
         for group in self._groups:
             branches.append(through(self._set_of(group), "group", False))
         first = tf.logical_and(tf.logical_not(self._reference_set),
@@ -377,6 +480,16 @@ class StepSync:
                                      process_set=process_set, device_dense=self.device_dense,
                                      ignore_name_scope=True,
                                      name=f"{self.name}_{kind}_{process_set.process_set_id}")
+
+
+def _step_bits(step, dtype):
+    """The low bits of ``step`` as 0 and 1 in ``dtype``: :meth:`StepSync._step_check` reads their group mean."""
+    shifts = tf.range(_STEP_BITS, dtype=tf.int64)
+    return tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(step, tf.int64), shifts), 1), dtype)
+
+
+def _dense_values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 class ModelAverager(tf.Module):
@@ -430,12 +543,14 @@ class ModelAverager(tf.Module):
     def gradients(self, grads):
         """The gradients averaged over all ranks in a warm-up step, else unchanged."""
         self._sync.ensure_connected("hvd_dssync.keras.ModelAverager", options=self._options)
-        return self._sync.gradients(list(grads), self.step)
+        with tf.control_dependencies([self._sync.adopt_root_step(self.step)]):
+            return self._sync.gradients(list(grads), self.step.read_value())
 
     def __call__(self, variables):
         """Average the floating-point ``variables`` inside this step's group, then count the step."""
         variables = [v for v in variables if v.dtype.is_floating]
         self._sync.ensure_connected("hvd_dssync.keras.ModelAverager", options=self._options)
-        step = self.step.read_value()
+        with tf.control_dependencies([self._sync.adopt_root_step(self.step)]):
+            step = self.step.read_value()
         with tf.control_dependencies([self._sync.average(variables, step)]):
             return self.step.assign_add(1)
