@@ -30,7 +30,10 @@ DSSYNC_CONTENDERS = {
     "dssync-shuffle": ("shuffle", False), "dssync-butterfly": ("butterfly", False),
     "dssync-topology": ("topology", False), "dssync-local": ("one group", True),
     "dssync-topology-local": ("topology", True),
+    "dssync-topology-local-momentum": ("topology", True),
 }
+# Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
+OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
@@ -133,7 +136,8 @@ def _make_contender(name, model, config, rank, size):
             dss.init(seed=config["seed"], **{k: v for k, v in kwargs.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
-                                           seed=config["seed"], warmup_steps=warmup, **kwargs)
+                                           seed=config["seed"], warmup_steps=warmup,
+                                           outer_momentum=OUTER_MOMENTUM.get(name, 0.0), **kwargs)
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt, Comm("horovod"), sync

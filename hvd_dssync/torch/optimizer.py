@@ -135,7 +135,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model,
-                 average_buffers, overlap, scope):
+                 average_buffers, overlap, scope, outer_momentum=0.0):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -160,6 +160,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._process_set = process_set
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
         self._reference = None
+        self._outer_momentum = outer_momentum
+        self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
         self._registry = registry_for(hvd)
         self._generation = self._registry.refresh()
         self._pending = None
@@ -255,6 +257,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for tensor, before, averaged in zip(tensors, sent, received):
                 tensor.add_(averaged - before)
+        self._outer_step()
         self._record(action, time.perf_counter() - started, nbytes)
 
     def state_dict(self):
@@ -262,6 +265,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         state = super(self.__class__, self).state_dict()
         state["dssync"] = {"sync_step": self.sync_step, "config": self._plan.config(),
                            "arguments": _portable(self._plan_arguments)}
+        if self._outer is not None:
+            state["dssync"]["outer"] = {"anchors": [a.clone() for a in self._outer[0]],
+                                        "momentum": [m.clone() for m in self._outer[1]]}
         return state
 
     def load_state_dict(self, state_dict):
@@ -286,6 +292,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                                  f"this optimizer's {mine}; resume with the same arguments.")
             self.finish_pending()
             self.sync_step = int(saved["sync_step"])
+            outer = saved.get("outer")
+            self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
         self._synchronized = False
         super(self.__class__, self).load_state_dict(state_dict)
 
@@ -424,6 +432,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             else:
                 sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
+        self._outer_step()
         self._record(action, time.perf_counter() - started, sent_bytes)
 
     # --- inside a process set, and lossy compression -----------------------------------------
@@ -476,6 +485,26 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                 r.add_(received)
         nbytes = sum(c.numel() * c.element_size() for c in compressed)
         return ring_allreduce_bytes(len(action.group), nbytes), signature
+
+    def _outer_step(self):
+        """With ``outer_momentum`` > 0: momentum on the change of the averaged model since the last average.
+
+        SlowMo / DiLoCo's outer step, with an outer learning rate of 1: ``m <- beta m + (x - anchor)``, then
+        ``x <- anchor + m`` and ``anchor <- x``, where ``x`` is this rank's parameters just averaged and
+        ``anchor`` their value after the previous outer step (the first average only sets it). ``beta = 0``
+        is plain averaging. Buffers (BatchNorm statistics) are left as averaged. No communication.
+        """
+        if not self._outer_momentum:
+            return
+        params = [t.data for name, t in self._averaged_tensors() if not name.startswith("buffer.")]
+        with torch.no_grad():
+            if self._outer is None:
+                self._outer = ([p.detach().clone() for p in params], [torch.zeros_like(p) for p in params])
+                return
+            for p, anchor, momentum in zip(params, *self._outer):
+                momentum.mul_(self._outer_momentum).add_(p - anchor)
+                p.copy_(anchor + momentum)
+                anchor.copy_(p)
 
     def _average_gradients(self):
         params = [p for _, p in self._named_parameters if p.requires_grad]
@@ -542,7 +571,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """
         shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaged_tensors()]
         options = {"overlap": self._overlap, "backward_passes_per_step": self.backward_passes_per_step,
-                   "op": str(self.op), "op names": self._name}
+                   "op": str(self.op), "op names": self._name, "outer_momentum": self._outer_momentum}
         mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self._process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
@@ -582,7 +611,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
-                         overlap=False, schedule_options=None):
+                         overlap=False, schedule_options=None, outer_momentum=0.0):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``hvd.DistributedOptimizer``: it takes the same arguments and returns an instance of
@@ -624,6 +653,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         average_buffers: set False to keep buffers local.
         overlap: start the averaging asynchronously and fold it in at the next step (one step stale).
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
+        outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning
+            rate 1): the parameters move by ``m <- outer_momentum * m + change of the averaged model since
+            the last average``; 0 (the default) is plain averaging. Costs two copies of the parameters.
 
     Example::
 
@@ -639,6 +671,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) \
+            or not 0.0 <= outer_momentum < 1.0:
+        raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {outer_momentum!r}.")
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
@@ -668,4 +703,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set if in_process_set else hvd.global_process_set,
-               plan, plan_arguments, model, average_buffers, overlap, scope)
+               plan, plan_arguments, model, average_buffers, overlap, scope, float(outer_momentum))

@@ -152,6 +152,41 @@ def check_drop_in():
     check(dss.consensus_distance(model) < 1e-2, "fp16-compressed global average left the models apart")
 
 
+def check_outer_momentum(beta=0.5, lr=0.1, steps=6):
+    """Global averages every 2nd step with an outer momentum: heavy ball on the averaged model's change.
+
+    Rank r's gradient is r + 1 (a linear loss), so the averaged model moves by -lr * H * mean(r + 1) per
+    average of H = 2 steps; after the first average, the outer step turns those changes d into
+    m <- beta m + d, x <- x + m. Checked on every rank, every step, and through a checkpoint.
+    """
+    weight = torch.nn.Parameter(torch.zeros(3))
+    opt = dss.DistributedOptimizer(torch.optim.SGD([weight], lr=lr), named_parameters=[("w", weight)],
+                                   num_groups=1, average_every=2, outer_momentum=beta)
+    mean_gradient = sum(r + 1 for r in range(SIZE)) / SIZE
+    x, local, momentum, started = 0.0, 0.0, 0.0, False
+    for t in range(steps):
+        opt.zero_grad()
+        (weight.sum() * (RANK + 1)).backward()
+        opt.step()
+        local -= lr * (RANK + 1)
+        if t % 2 == 1:  # an average: every rank's model becomes x - lr * 2 * mean_gradient
+            averaged = x - lr * 2 * mean_gradient
+            if started:
+                momentum = beta * momentum + (averaged - x)
+                averaged = x + momentum
+            x, local, started = averaged, averaged, True
+        check(torch.allclose(weight.detach(), torch.full((3,), local), atol=1e-5),
+              f"outer momentum step {t}: {weight.tolist()}, want {local}")
+    check("outer" in opt.state_dict()["dssync"], "the outer step's state is not in the checkpoint")
+    try:
+        dss.DistributedOptimizer(torch.optim.SGD([weight], lr=lr), named_parameters=[("w", weight)],
+                                 outer_momentum=1.0)
+    except ValueError as e:
+        check("``outer_momentum``" in str(e), f"outer_momentum=1.0 gave {e}")
+    else:
+        raise AssertionError(f"rank {RANK}: outer_momentum=1.0 was accepted")
+
+
 def check_policies():
     model = rank_valued_model()
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
@@ -219,6 +254,7 @@ def main():
         check_synchronize_models()
         check_drop_in()
         check_policies()
+        check_outer_momentum()
     user_unnamed_ops()
     print(f"rank {RANK}: all checks passed", flush=True)
 
