@@ -108,7 +108,9 @@ class StepSync:
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
-        self._adopted = None
+        # Created here, eagerly: a variable created while a tf.function is traced makes it trace again.
+        with tf.init_scope():
+            self._adopted = tf.Variable(False, trainable=False, name="dssync_step_adopted")
         self._use(plan)
         # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
         # fresh, and its op names must equal the survivors'.
@@ -198,9 +200,6 @@ class StepSync:
         """
         if self.plan.world_size == 1 or elastic_job():
             return tf.no_op()
-        with tf.init_scope():
-            if self._adopted is None:
-                self._adopted = tf.Variable(False, trainable=False, name=f"{self.name}_adopted")
 
         def adopt():
             root = hvd.broadcast(tf.identity(counter), root_rank=self._scope.ranks[0], ignore_name_scope=True,
