@@ -172,7 +172,8 @@ def arguments_for_world(arguments, world_size):
         RuntimeError: hvd_dssync: the world changed to 2 ranks, but the schedule 'topology' was built ...
     """
     schedule = arguments.get("schedule", "shuffle")
-    if not isinstance(schedule, str) or schedule == "topology" or arguments.get("topology") is not None:
+    if not (schedule is None or isinstance(schedule, str)) or schedule == "topology" \
+            or arguments.get("topology") is not None:
         raise RuntimeError(f"hvd_dssync: the world changed to {world_size} ranks, but the schedule {schedule!r} "
                            "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
                            "'butterfly'.")

@@ -451,10 +451,13 @@ class StepSync:
             def mix():
                 differences = [v - r for v, r in zip(values, references)]
                 compressed, contexts = zip(*(compression.compress(d) for d in differences))
-                *averaged, means = hvd.grouped_allreduce(list(compressed) + [bits], op=hvd.Average,
+                # TF's grouped allreduce takes one dtype; 0 and 1 and their means are exact enough in any float.
+                *averaged, means = hvd.grouped_allreduce(list(compressed) + [tf.cast(bits, compressed[0].dtype)],
+                                                         op=hvd.Average,
                                                          process_set=process_set, device_dense=self.device_dense,
                                                          ignore_name_scope=True,
                                                          name=f"{self.name}_{kind}_{process_set.process_set_id}")
+                means = tf.cast(means, bits.dtype)
                 received = [compression.decompress(a, ctx) for a, ctx in zip(averaged, contexts)]
                 mixed = [r + a + (d - compression.decompress(c, ctx))
                          for r, a, d, c, ctx in zip(references, received, differences, compressed, contexts)]

@@ -27,7 +27,7 @@ from ..guards import check_nccl_process_sets, describe_step_drift, step_signatur
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
-from ..scope import acquire_registered
+from ..scope import acquire_registered, scope_of
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
 
@@ -341,7 +341,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._generation = self._registry.refresh()
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
-        self._plan = _make_plan(arguments)
+        self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
+        self._plan = _make_plan(arguments, self._scope)
         self.sync_step = self._check_ranks_agree(with_step=True)
 
     @contextlib.contextmanager

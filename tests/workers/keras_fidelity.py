@@ -149,7 +149,8 @@ def check_drift_detected(what, **options):
         want = "2" if RANK == SIZE - 1 else "1"
         check(f"is at step] [{want}]" in message,
               f"{what}: the error does not name this rank's step {want}: {message[:2000]}")
-        print(f"rank {RANK}: {what}: stopped: {message.splitlines()[0][:300]}", flush=True)
+        reason = next(line for line in message.splitlines() if "ranks are at different DS-Sync steps" in line)
+        print(f"rank {RANK}: {what}: stopped: {reason.strip()[:300]}", flush=True)
     else:
         raise AssertionError(f"rank {RANK}: {what}: ranks at different steps averaged silently")
 
