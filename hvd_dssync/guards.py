@@ -3,8 +3,9 @@
 Ranks that drift apart (one calls ``step()`` once more or once less than the others) would not hang when
 the same group recurs at their different steps: they would silently average models of different steps,
 forever after. Op names cannot carry the step (Horovod would negotiate a new name every step), so each
-average carries a few float64 values derived from the step instead (:func:`step_signature`); the members
-all receive the same sums and all find out together (:func:`steps_differ`).
+average carries the step's bits as 0 and 1 instead (:func:`step_signature`), in the model's own dtype where
+that is exact, so they ride in the same fused collective; the members all receive the same sums and all
+find out together (:func:`steps_differ`).
 
 Framework-free: the adapters add the signature to the collective they already run.
 """
@@ -12,35 +13,34 @@ import numpy as np
 
 __all__ = ["step_signature", "steps_differ", "describe_step_drift", "check_nccl_process_sets"]
 
-_DIGIT_BITS = 14
-_DIGITS = 3   # steps below 2**42
+_STEP_BITS = 32  # steps below 2**32
 
 
 def step_signature(step):
-    """The float64 values one rank adds, for ``step``, to a collective that sums or averages.
+    """The values one rank adds, for ``step``, to a collective that sums or averages: the step's bits, 0 or 1.
 
-    The step's base-2**14 digits and their squares. A digit and its square are small integers, so their
-    sums over any group of fewer than 2**20 ranks are exact in float64 (an average's rounding is undone
-    by :func:`steps_differ`); the members' digits are all equal exactly when the sums of squares are the
-    squares of the sums over the group size (Cauchy-Schwarz).
+    0 and 1, their sums over a group and the sums' quotients by the group size are exact in float32 for any
+    group of fewer than 2**24 ranks, so the signature can ride in the same dtype as a float32 model, in the
+    same fused collective. The members' steps are equal exactly when every bit sums to 0 or to the group
+    size (:func:`steps_differ`).
 
     Example::
 
-        >>> step_signature(5).tolist()
-        [5.0, 25.0, 0.0, 0.0, 0.0, 0.0]
+        >>> step_signature(5).tolist()[:4]
+        [1.0, 0.0, 1.0, 0.0]
     """
     step = int(step)
-    if not 0 <= step < 2 ** (_DIGIT_BITS * _DIGITS):
+    if not 0 <= step < 2 ** _STEP_BITS:
         raise ValueError(f"step {step} is out of range for the step check")
-    digits = [(step >> (_DIGIT_BITS * k)) & ((1 << _DIGIT_BITS) - 1) for k in range(_DIGITS)]
-    return np.array([v for d in digits for v in (d, d * d)], dtype=np.float64)
+    return np.array([(step >> k) & 1 for k in range(_STEP_BITS)], dtype=np.float64)
 
 
 def steps_differ(sums, members):
     """Whether the ``members`` ranks that summed their :func:`step_signature` were at different steps.
 
     ``sums`` is the element-wise sum of the members' signatures (an average times ``members``); the same
-    on every member, so every member takes the same decision.
+    on every member, so every member takes the same decision. A bit that differs sums to between 1 and
+    ``members - 1``, at least 1 away from both 0 and ``members``.
 
     Example::
 
@@ -51,8 +51,8 @@ def steps_differ(sums, members):
         >>> steps_differ((step_signature(3) + step_signature(4) + step_signature(5)) / 3 * 3, 3)
         True
     """
-    sums = np.rint(np.asarray(sums, dtype=np.float64)).astype(np.int64).tolist()
-    return any(members * squares != total * total for total, squares in zip(sums[0::2], sums[1::2]))
+    sums = np.asarray(sums, dtype=np.float64)
+    return bool(np.any(np.minimum(np.abs(sums), np.abs(sums - members)) > 0.5))
 
 
 def describe_step_drift(steps):

@@ -8,13 +8,13 @@ from hvd_dssync.guards import check_nccl_process_sets, describe_step_drift, step
 @pytest.mark.parametrize("members", [2, 3, 7, 64, 1000])
 def test_step_signature_tells_equal_from_different_steps(members):
     rng = np.random.default_rng(members)
-    for base in [0, 1, 5, 16383, 16384, 10**6, 2**40 + 12345, 2**42 - 2]:
+    for base in [0, 1, 5, 16383, 16384, 10**6, 2**31 + 12345, 2**32 - 2]:
         same = np.sum([step_signature(base)] * members, axis=0)
         averaged = same / members * members  # what an Average leaves after the adapter's rescaling
         assert not steps_differ(same, members) and not steps_differ(averaged, members), (base, members)
         for delta in (1, -1, 2**14, 2**28):
             other = base + delta
-            if not 0 <= other < 2**42:
+            if not 0 <= other < 2**32:
                 continue
             steps = [base] * members
             steps[int(rng.integers(members))] = other
@@ -29,7 +29,7 @@ def test_step_signature_range_is_checked():
     with pytest.raises(ValueError, match="out of range"):
         step_signature(-1)
     with pytest.raises(ValueError, match="out of range"):
-        step_signature(2**42)
+        step_signature(2**32)
 
 
 def test_drift_message_names_every_rank_and_step():

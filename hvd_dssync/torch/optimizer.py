@@ -417,7 +417,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes)
         name = f"{self._name}.{action.kind}.{process_set.process_set_id}"
         # Rides along, uncompressed, so that the members find out if they are at different steps.
-        signature = torch.from_numpy(step_signature(self.sync_step))
+        signature = _signature(self.sync_step, tensors)
         started = time.perf_counter()
         if self._overlap:
             sent = [t.detach().clone() for t in tensors]
@@ -522,7 +522,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             postscale = self.gradient_predivide_factor
         compressed = [self._compression.compress(g) for g in grads]
         action = self._plan.action(self.sync_step)
-        signature = torch.from_numpy(step_signature(self.sync_step))
+        signature = _signature(self.sync_step, grads)
         with self._bounded(action, self.sync_step):
             *reduced, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature],
                                                         name=f"{self._name}.bsp", op=self.op,
@@ -577,6 +577,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self._process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
         return ranks[0]["step"] if with_step else self.sync_step
+
+
+def _signature(step, tensors):
+    """The step's signature, in float32 when the tensors are float32: Horovod fuses a grouped allreduce
+    by dtype, so a signature of another dtype would cost a second collective every step."""
+    dtype = torch.float32 if tensors and tensors[0].dtype == torch.float32 else torch.float64
+    return torch.from_numpy(step_signature(step)).to(dtype)
 
 
 def _make_plan(arguments, scope=None):
