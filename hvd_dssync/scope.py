@@ -43,6 +43,19 @@ class Scope(NamedTuple):
         """``group`` (positions in the scope) as global ranks."""
         return tuple(self.ranks[i] for i in group)
 
+    def root(self, root_rank=None):
+        """A broadcast's root: ``root_rank`` (a global rank) checked to be in the scope; by default its first.
+
+        Example::
+
+            >>> Scope(ranks=(1, 3), rank=0).root()
+            1
+        """
+        root_rank = self.ranks[0] if root_rank is None else root_rank
+        if root_rank not in self.ranks:
+            raise ValueError(f"Arg ``root_rank`` ({root_rank}) must be a rank of the process set {list(self.ranks)}.")
+        return root_rank
+
 
 def _is_global(hvd, process_set):
     return process_set is hvd.global_process_set or getattr(process_set, "process_set_id", None) == 0

@@ -37,9 +37,7 @@ def synchronize_models(model, root_rank=None, non_trainable=True, process_set=hv
             model.save("model.keras")
     """
     scope = scope_of(hvd, process_set)
-    root_rank = scope.ranks[0] if root_rank is None else root_rank
-    if root_rank not in scope.ranks:
-        raise ValueError(f"Arg ``root_rank`` ({root_rank}) must be a rank of the process set {list(scope.ranks)}.")
+    root_rank = scope.root(root_rank)
     variables = _model_variables(model, non_trainable)
     if scope.world_size == 1 or not variables:
         return

@@ -42,9 +42,7 @@ def synchronize_models(model, root_rank=None, buffers=True, process_set=hvd.glob
             torch.save(model.state_dict(), "model.pt")
     """
     scope = scope_of(hvd, process_set)
-    root_rank = scope.ranks[0] if root_rank is None else root_rank
-    if root_rank not in scope.ranks:
-        raise ValueError(f"Arg ``root_rank`` ({root_rank}) must be a rank of the process set {list(scope.ranks)}.")
+    root_rank = scope.root(root_rank)
     _finish_pending_averages()
     tensors = _model_tensors(model, buffers)
     if scope.world_size == 1 or not tensors:

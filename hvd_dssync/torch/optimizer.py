@@ -99,7 +99,7 @@ def _exit_process_sets(optimizers):
     Ranks outside a set may never build a DS-Sync optimizer, so they would not join a global drain; every
     member of a set has the same optimizers, so one drain per set, in id order, is met by all of them.
     """
-    sets = {o._process_set.process_set_id: o._process_set for o in optimizers}
+    sets = {o.process_set.process_set_id: o.process_set for o in optimizers}
     if not sets or 0 in sets:
         return [hvd.global_process_set]
     return [sets[i] for i in sorted(sets)]
@@ -157,7 +157,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._name = f"dssync.{next(_construction_order[set_id])}" if set_id == 0 else \
             f"dssync.set{set_id}.{next(_construction_order[set_id])}"
         self._scope = scope
-        self._process_set = process_set
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
         self._reference = None
         self._outer_momentum = outer_momentum
@@ -311,7 +310,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._join_world()
         elif not self._step_settled:
             step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), self._scope.to_global((0,))[0],
-                                 name=f"{self._name}.step", process_set=self._process_set)
+                                 name=f"{self._name}.step", process_set=self.process_set)
             self.sync_step = int(step.item())
         self._step_settled = True
 
@@ -439,12 +438,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     # --- inside a process set, and lossy compression -----------------------------------------
 
     def _in_process_set(self):
-        return self._process_set is not hvd.global_process_set
+        return self.process_set is not hvd.global_process_set
 
     def _process_set_of(self, action):
         """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
         if action.kind == GLOBAL or len(action.group) == self._scope.world_size:
-            return self._process_set
+            return self.process_set
         if self._in_process_set() and len(action.group) == 1:
             return None  # a group of one keeps its model; no set was registered for it
         return self._registry.get(self._scope.to_global(action.group))
@@ -458,8 +457,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         started = time.perf_counter()
         everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
         with self._bounded(everyone, self.sync_step):
-            hvd.grouped_allreduce_(tensors, name=f"{self._name}.reference.{self._process_set.process_set_id}",
-                                   op=hvd.Average, process_set=self._process_set)
+            hvd.grouped_allreduce_(tensors, name=f"{self._name}.reference.{self.process_set.process_set_id}",
+                                   op=hvd.Average, process_set=self.process_set)
         self._reference = [t.detach().clone() for t in tensors]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(self._scope.world_size, nbytes))
@@ -527,9 +526,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             *reduced, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature],
                                                         name=f"{self._name}.bsp", op=self.op,
                                                         prescale_factor=prescale, postscale_factor=postscale,
-                                                        process_set=self._process_set)
+                                                        process_set=self.process_set)
         self._check_steps(signature * (self._scope.world_size if self.op == hvd.Average else 1), action,
-                          self._process_set, self.sync_step)
+                          self.process_set, self.sync_step)
         for p, g, r, (_, ctx) in zip(params, grads, reduced, compressed):
             g.copy_(self._compression.decompress(r, ctx))
             if p.grad.is_sparse:
@@ -574,7 +573,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         options = {"overlap": self._overlap, "backward_passes_per_step": self.backward_passes_per_step,
                    "op": str(self.op), "op names": self._name, "outer_momentum": self._outer_momentum}
         mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
-        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self._process_set)
+        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self.process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
         return ranks[0]["step"] if with_step else self.sync_step
 
