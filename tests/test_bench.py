@@ -49,7 +49,7 @@ def test_smoke_two_namespaces_dssync_crosses_the_shaped_link_and_is_torn_down():
     # Four averagings of the whole model cross the one inter-rack link, in each direction.
     crossed = record["links"]["total"]
     assert len(crossed) == 2 and min(crossed.values()) >= 4 * record["model_bytes"]
-    row = report.summarize(record, {"name": "static", "inter_mbit": 20, "rate_change": None}, SMOKE_CONFIG)
+    row = report.summarize(record, {"name": "static", "inter_mbit": 20, "rate_changes": []}, SMOKE_CONFIG)
     assert row["sync_to_link_bound"] > 0 and row["bottleneck_bytes"] == max(crossed.values())
     assert time.monotonic() - started < 60
 
@@ -70,7 +70,7 @@ def test_loopback_local_steps_and_a_straggler_reach_the_record():
     assert record["step_kinds"]["local"] == 4, record["step_kinds"]
     assert record["slowed_seconds"] == pytest.approx(6 * 0.05)
     assert min(record["step_times"]) >= 0.05
-    row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_change": None}, config)
+    row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_changes": []}, config)
     assert row["bottleneck_bytes_estimate"] == pytest.approx(2 * record["model_bytes"])  # 2 global pair averages
 
 
@@ -142,11 +142,31 @@ def test_report_table_and_targets_checked_per_dssync_contender():
         ("stragglers", "dssync-local"): False,       # 1.2x the periodic averager
         ("none", "dssync-topology"): False, ("none", "dssync-local"): False, ("none", "dssync-topology-local"): True}
     assert "postlocal-hierarchical 4.0 s (1.60x, need 1.5x)" in checks["static", "dssync-topology-local"][1]
+    adaptive = [(t, met, f) for t, met, f in report.targets(rows) if "dssync-adaptive" in t]
+    assert adaptive == []  # it did not run: no target about it
     assert "horovod-bsp 12.0 s (4.80x, need 3x)" in checks["static", "dssync-topology-local"][1]
     assert "final accuracy 95.0% vs BSP 96.0%" in checks["static", "dssync-local"][1]
     assert "horovod-bsp never in 20.0 s (> 2.00x, need 3x)" in checks["bandwidth", "dssync-topology"][1]
     assert "postlocal-periodic 6.0 s (1.20x" in checks["stragglers", "dssync-local"][1]
     assert "mean step 0.110 s vs BSP 0.100 s (median 0.010 s vs 0.100 s)" in checks["none", "dssync-local"][1]
+
+
+def test_adaptive_policy_checked_against_the_best_fixed_choice_in_hindsight():
+    rows = [_row("dynamic", "horovod-bsp", 12.0), _row("dynamic", "dssync-topology-local", 5.0),
+            _row("dynamic", "postlocal-hierarchical", 1.0),  # not a fixed choice of this product
+            _row("dynamic", "dssync-adaptive", 5.4),
+            _row("transient", "dssync-local", 4.0), _row("transient", "dssync-adaptive", 4.5),
+            _row("recover", "horovod-bsp", None), _row("recover", "dssync-local", 6.0),
+            _row("recover", "dssync-adaptive", 5.9),
+            _row("none", "horovod-bsp", 3.0), _row("none", "dssync-adaptive", None)]
+    checks = {t.split(":")[0]: (met, f) for t, met, f in report.targets(rows) if "dssync-adaptive" in t
+              and "Horovod BSP" not in t}
+    assert checks == {"dynamic": (True, "5.4 s vs dssync-topology-local 5.0 s"),
+                      "transient": (False, "4.5 s vs dssync-local 4.0 s"),
+                      "recover": (True, "5.9 s vs dssync-local 6.0 s"),
+                      "none": (False, "never vs horovod-bsp 3.0 s")}
+    rows[7] = _row("recover", "dssync-local", 5.8)
+    assert [met for t, met, _ in report.targets(rows) if t.startswith("recover: dssync-adaptive")] == [False]
 
 
 def test_scenarios_every_one_built_from_the_bench_arguments():
@@ -157,14 +177,20 @@ def test_scenarios_every_one_built_from_the_bench_arguments():
     assert {"dssync-local", "dssync-topology-local", "postlocal-hierarchical"} <= set(CONTENDERS)
     built = {name: scenario(name, args) for name in SCENARIOS}
     assert built["static"]["inter_mbit"] == args.inter_mbit < built["none"]["inter_mbit"] == args.intra_mbit
-    assert built["dynamic"]["rate_change"] == [args.dynamic_after, args.inter_mbit]
+    assert built["dynamic"]["rate_changes"] == [[args.dynamic_after, args.inter_mbit]]
+    assert built["recover"]["rate_changes"] == [[args.dynamic_after, args.inter_mbit],
+                                                [args.recover_after, args.intra_mbit]]
+    assert built["transient"]["stragglers"]["phases"] == [[2.0, 10.0, args.ranks - 1]]
     wide = built["bandwidth"]["hidden"]
     assert 5e6 <= 64 * wide + wide + wide * wide + wide + wide * 10 + 10 <= 1e7
     assert built["bandwidth"]["intra_mbit"] / built["bandwidth"]["inter_mbit"] == 10
     assert built["stragglers"]["stragglers"] == {"period": 6.0, "slow": 3.0, "delay": 0.25}
-    assert [s["stragglers"] for n, s in built.items() if n != "stragglers"] == [None] * 4
+    assert [n for n, s in built.items() if s["stragglers"]] == ["stragglers", "transient"]
+    assert [n for n, s in built.items() if s["rate_changes"]] == ["dynamic", "recover"]
     with pytest.raises(ValueError, match="unknown scenario 'flaky'"):
         scenario("flaky", args)
+    with pytest.raises(ValueError, match="--recover-after"):
+        scenario("recover", build_parser().parse_args(["--dynamic-after", "5", "--recover-after", "5"]))
 
 
 def test_straggler_timetable_one_host_slow_at_a_time_the_same_everywhere():

@@ -1,7 +1,8 @@
 """``python -m hvd_dssync bench``: every contender, side by side, on one emulated cluster, in one run.
 
 Every contender runs in every scenario (:mod:`hvd_dssync.bench.scenarios`: ``static``, ``dynamic``,
-``bandwidth``, ``stragglers``, ``none``), one testbed for all, its rates set per scenario.
+``recover``, ``bandwidth``, ``stragglers``, ``transient``, ``none``), one testbed for all, its rates set per
+scenario.
 
 Every rank is an emulated host (network namespace) launched with the Gloo controller and a rendezvous
 server started here, never ``horovodrun``. Without root or network namespaces the run falls back to
@@ -49,6 +50,8 @@ def build_parser():
     p.add_argument("--steps", type=int, default=150, help="most training steps per contender")
     p.add_argument("--max-train-seconds", type=float, default=20.0, help="training-time budget per contender")
     p.add_argument("--dynamic-after", type=float, default=4.0, help="seconds before the dynamic rate drop")
+    p.add_argument("--recover-after", type=float, default=10.0,
+                   help="recover scenario: seconds before the rate between racks is back to the hosts' rate")
     p.add_argument("--hidden", type=int, default=512, help="MLP width (parameters ~ hidden^2)")
     p.add_argument("--bandwidth-hidden", type=int, default=2400,
                    help="MLP width in the bandwidth scenario (2400: 5.9M parameters)")
@@ -58,6 +61,9 @@ def build_parser():
                    help="stragglers scenario: one host is slow once in each period of this many seconds")
     p.add_argument("--straggler-slow", type=float, default=3.0, help="seconds it stays slow")
     p.add_argument("--straggler-delay", type=float, default=0.25, help="seconds it adds to each of its steps")
+    p.add_argument("--transient-from", type=float, default=2.0,
+                   help="transient scenario: seconds into training when the last host becomes slow")
+    p.add_argument("--transient-seconds", type=float, default=8.0, help="seconds it stays slow")
     p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
@@ -81,6 +87,11 @@ def main(argv=None):
         return 2
     per_rack = args.ranks // args.racks
     racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
+    try:
+        built = [scenario(s, args) for s in args.scenarios]
+    except ValueError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
     ok, why = (False, "--loopback given") if args.loopback else namespaces_available()
     config = {"seed": args.seed, "hidden": args.hidden, "batch": args.batch, "lr": args.lr, "momentum": args.momentum,
               "steps": args.steps, "eval_every": args.eval_every, "max_train_seconds": args.max_train_seconds,
@@ -89,12 +100,12 @@ def main(argv=None):
     if ok:
         bed = Testbed([per_rack] * args.racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit,
                       delay_ms=args.delay_ms)
-        scenarios = [scenario(s, args) for s in args.scenarios]
+        scenarios = built
     else:
         print(f"bench: network namespaces are not available ({why}); running on LOOPBACK: no racks, no "
               "shaping, no bottleneck to measure. These figures say nothing about a bottlenecked network.")
         bed = LoopbackBed([per_rack] * args.racks)
-        scenarios = [{"name": "loopback", "intra_mbit": 0.0, "inter_mbit": 0.0, "rate_change": None,
+        scenarios = [{"name": "loopback", "intra_mbit": 0.0, "inter_mbit": 0.0, "rate_changes": [],
                       "hidden": args.hidden, "stragglers": None}]
     os.makedirs(args.out, exist_ok=True)
     runs, rows, failures = [], [], []
@@ -120,7 +131,7 @@ def main(argv=None):
                 t0 = time.monotonic()
                 try:
                     record = run_contender(bed, contender, job_config, args.timeout,
-                                           rate_change=setting["rate_change"] and tuple(setting["rate_change"]))
+                                           rate_changes=setting["rate_changes"])
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
                     failures.append({"scenario": setting["name"], "contender": contender, "error": str(e)[-4000:]})

@@ -81,12 +81,12 @@ def _free_port_hint(bed):
         return s.getsockname()[1]
 
 
-def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
+def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
     """Run ``contender`` on every rank of ``bed``; return rank 0's record with the link counters.
 
-    ``rate_change=(seconds, mbit)`` lowers the inter-rack rate that many seconds after training starts
-    (dynamic contention) and restores it afterwards. Raises :class:`JobFailed` with every rank's output
-    tail when a rank fails or the job outlives ``timeout`` seconds.
+    ``rate_changes=[(seconds, mbit), ...]`` sets the inter-rack rate that many seconds after training
+    starts (dynamic contention), and the rate is restored afterwards. Raises :class:`JobFailed` with every
+    rank's output tail when a rank fails or the job outlives ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     workdir = tempfile.mkdtemp(prefix="hvd_dssync-bench-")
@@ -94,7 +94,7 @@ def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
     rendezvous = None
     procs, logs = [], []
     marks = {}
-    timer = None
+    timers = []
     original_rate = bed.inter_mbit
     try:
         if contender in HOROVOD_CONTENDERS:
@@ -115,23 +115,24 @@ def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
                     procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, contender, port),
                                            stdout=f, stderr=subprocess.STDOUT))
 
-        def change_rate():
-            marks["rate_change"] = (time.monotonic(), bed.bottleneck_bytes())
-            bed.set_inter_rate(rate_change[1])
-            log(f"    dynamic contention: inter-rack rate now {rate_change[1]} Mbit/s")
+        def change_rate(k, mbit):
+            marks[f"rate_change.{k}"] = (time.monotonic(), bed.bottleneck_bytes())
+            bed.set_inter_rate(mbit)
+            log(f"    dynamic contention: inter-rack rate now {mbit} Mbit/s")
 
         def watch_rank0():
-            nonlocal timer
             for line in procs[0].stdout:
                 if line.startswith("MARK "):
                     what = line.split()[1]
                     marks[what] = (time.monotonic(), bed.bottleneck_bytes())
-                    if what == "start" and rate_change:
-                        timer = threading.Timer(rate_change[0], change_rate)
-                        timer.daemon = True
-                        timer.start()
-                    if what == "end" and timer is not None:
-                        timer.cancel()
+                    if what == "start":
+                        for k, (seconds, mbit) in enumerate(rate_changes):
+                            timers.append(threading.Timer(seconds, change_rate, (k, mbit)))
+                            timers[-1].daemon = True
+                            timers[-1].start()
+                    if what == "end":
+                        for timer in timers:
+                            timer.cancel()
 
         watcher = threading.Thread(target=watch_rank0, daemon=True)
         watcher.start()
@@ -153,12 +154,12 @@ def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
         with open(out_path) as f:
             record = json.load(f)
         record["links"] = _link_bytes(marks)
-        record["rate_change"] = None if rate_change is None or "rate_change" not in marks else {
-            "after_seconds": rate_change[0], "mbit": rate_change[1]}
+        record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
+                                  for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
         record["warnings"] = [line.strip() for line in _read(logs[0]).splitlines() if "Warning" in line][:5]
         return record
     finally:
-        if timer is not None:
+        for timer in timers:
             timer.cancel()
         for proc in procs:
             if proc.poll() is None:
@@ -174,21 +175,19 @@ def run_contender(bed, contender, config, timeout, rate_change=None, log=print):
                 rendezvous.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 rendezvous.kill()
-        if rate_change and bed.inter_mbit != original_rate:
+        if bed.inter_mbit != original_rate:
             bed.set_inter_rate(original_rate)
 
 
 def _link_bytes(marks):
-    """Bytes per bottleneck link during training, split at the rate change if there was one."""
+    """Bytes per bottleneck link during training, split at each rate change that happened."""
     if "start" not in marks or "end" not in marks:
         return None
     (t0, start), (t1, end) = marks["start"], marks["end"]
-    phases = [("before", t0, start)]
-    if "rate_change" in marks:
-        phases.append(("after", *marks["rate_change"]))
-    phases.append(("end", t1, end))
+    changes = sorted((v for k, v in marks.items() if k.startswith("rate_change.")), key=lambda m: m[0])
+    phases = [(t0, start)] + [m for m in changes if t0 <= m[0] <= t1] + [(t1, end)]
     out = {"seconds": t1 - t0, "total": {k: end[k] - start[k] for k in end}, "phases": []}
-    for (_, ta, a), (_, tb, b) in zip(phases, phases[1:]):
+    for (ta, a), (tb, b) in zip(phases, phases[1:]):
         out["phases"].append({"seconds": tb - ta, "bytes": {k: b[k] - a[k] for k in b}})
     return out
 

@@ -3,21 +3,27 @@
 - ``static``: the racks behind a slow link (``--inter-mbit``);
 - ``dynamic``: the link between racks starts at the intra-rack rate and drops to ``--inter-mbit``
   ``--dynamic-after`` seconds into each contender's training (contention appears);
+- ``recover``: the same drop, then back to the intra-rack rate ``--recover-after`` seconds into training
+  (contention comes and goes: the network changes twice);
 - ``bandwidth``: a model of several million parameters (``--bandwidth-hidden``) on links ten times
   faster (``--bandwidth-intra-mbit``, ``--bandwidth-inter-mbit``), so that the time a collective spends on
   the slow link, not its fixed per-collective cost, dominates a step;
 - ``stragglers``: no slow link; instead one host at a time computes slowly for a few seconds, on a
   timetable drawn from the seed (:func:`straggler_at`), the same for every contender;
+- ``transient``: no slow link; the last host computes slowly once, from ``--transient-from`` for
+  ``--transient-seconds`` seconds (a transient straggler);
 - ``none``: no bottleneck, the link between racks as fast as the hosts' own links.
 
-A scenario is a plain dict: ``name``, ``intra_mbit``, ``inter_mbit``, ``rate_change`` (``[seconds, mbit]``
-or ``None``), ``hidden`` (the MLP width) and ``stragglers`` (``{"period", "slow", "delay"}`` or ``None``).
+A scenario is a plain dict: ``name``, ``intra_mbit``, ``inter_mbit``, ``rate_changes`` (``[[seconds, mbit],
+...]``: the inter-rack rate from that many seconds into training), ``hidden`` (the MLP width) and
+``stragglers`` (``None``, a timetable drawn from the seed ``{"period", "slow", "delay"}``, or fixed slow
+phases ``{"phases": [[start, end, rank], ...], "delay"}``).
 """
 import numpy as np
 
-__all__ = ["SCENARIOS", "scenario", "straggler_at", "straggler_timetable"]
+__all__ = ["SCENARIOS", "scenario", "slow_rank", "straggler_at", "straggler_timetable"]
 
-SCENARIOS = ("static", "dynamic", "bandwidth", "stragglers", "none")
+SCENARIOS = ("static", "dynamic", "recover", "bandwidth", "stragglers", "transient", "none")
 
 
 def scenario(name, args):
@@ -29,21 +35,47 @@ def scenario(name, args):
         >>> scenario("stragglers", build_parser().parse_args([]))["stragglers"]
         {'period': 6.0, 'slow': 3.0, 'delay': 0.25}
     """
-    out = {"name": name, "intra_mbit": args.intra_mbit, "inter_mbit": args.intra_mbit, "rate_change": None,
+    out = {"name": name, "intra_mbit": args.intra_mbit, "inter_mbit": args.intra_mbit, "rate_changes": [],
            "hidden": args.hidden, "stragglers": None}
     if name == "static":
         out["inter_mbit"] = args.inter_mbit
     elif name == "dynamic":
-        out["rate_change"] = [args.dynamic_after, args.inter_mbit]
+        out["rate_changes"] = [[args.dynamic_after, args.inter_mbit]]
+    elif name == "recover":
+        if args.recover_after <= args.dynamic_after:
+            raise ValueError(f"--recover-after ({args.recover_after}) must come after --dynamic-after "
+                             f"({args.dynamic_after})")
+        out["rate_changes"] = [[args.dynamic_after, args.inter_mbit], [args.recover_after, args.intra_mbit]]
     elif name == "bandwidth":
         out.update(intra_mbit=args.bandwidth_intra_mbit, inter_mbit=args.bandwidth_inter_mbit,
                    hidden=args.bandwidth_hidden)
     elif name == "stragglers":
         out["stragglers"] = {"period": args.straggler_period, "slow": args.straggler_slow,
                              "delay": args.straggler_delay}
+    elif name == "transient":
+        start = args.transient_from
+        out["stragglers"] = {"phases": [[start, start + args.transient_seconds, args.ranks - 1]],
+                             "delay": args.straggler_delay}
     elif name != "none":
         raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
     return out
+
+
+def slow_rank(stragglers, seconds, seed, world_size):
+    """The rank that scenario ``stragglers`` slows ``seconds`` into training, or ``None``.
+
+    Example::
+
+        >>> slow_rank({"phases": [[4.0, 12.0, 7]], "delay": 0.25}, 5.0, seed=0, world_size=8)
+        7
+        >>> slow_rank({"period": 6.0, "slow": 3.0, "delay": 0.25}, 1.0, seed=0, world_size=8)
+        6
+    """
+    if not stragglers:
+        return None
+    if "phases" in stragglers:
+        return next((rank for start, end, rank in stragglers["phases"] if start <= seconds < end), None)
+    return straggler_at(seconds, seed, world_size, stragglers["period"], stragglers["slow"])
 
 
 def straggler_at(seconds, seed, world_size, period, slow):

@@ -7,7 +7,7 @@ evaluates the global average of the models; it writes the record to ``config["ou
 
 The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) so that the launcher can
 read the bottleneck's byte counters around exactly the training steps. Under ``config["stragglers"]``
-the rank that :func:`~hvd_dssync.bench.scenarios.straggler_at` names sleeps ``delay`` seconds more in
+the rank that :func:`~hvd_dssync.bench.scenarios.slow_rank` names sleeps ``delay`` seconds more in
 each of its steps (after the backward pass, before the optimizer's communication).
 """
 import json
@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from hvd_dssync.bench.scenarios import straggler_at
+from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
 __all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "dssync_arguments"]
@@ -245,8 +245,7 @@ def run(config):
         opt.zero_grad()
         loss = loss_fn(net(x_train[idx]), y_train[idx])
         loss.backward()
-        if stragglers and straggler_at(started - training_started, config["seed"], size, stragglers["period"],
-                                       stragglers["slow"]) == rank:
+        if stragglers and slow_rank(stragglers, started - training_started, config["seed"], size) == rank:
             # A slow host's compute: sleeping leaves the shared cores to the other ranks.
             time.sleep(stragglers["delay"])
             slowed_seconds += stragglers["delay"]
