@@ -143,8 +143,8 @@ class Decision(NamedTuple):
     """What the ranks decided at ``step`` (the last step of a window), and the figures behind it.
 
     ``mode`` is GLOBAL or GROUP; ``period`` the averaging period of the next window; ``sync_now`` makes
-    its first averaging step a global one (drift control). The costs are the largest over the ranks of
-    their medians, the last known ones where a window measured none. ``gain`` is what group averaging
+    its first averaging step a global one (drift control). The figures are the ranks' medians over the
+    window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is what group averaging
     would save of a period's time, ``share`` what the chosen mode's average takes of it.
     """
     step: int
@@ -169,17 +169,22 @@ def initial_decision(policy):
     return Decision(-1, GLOBAL, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
 
 
-def _largest(column, previous):
+def _largest(column, previous, smallest=False):
     finite = column[np.isfinite(column)]
-    return float(finite.max()) if finite.size else previous
+    if not finite.size:
+        return previous
+    return float(finite.min() if smallest else finite.max())
 
 
 def decide(figures, previous, policy, step):
     """The next window's :class:`Decision`, from every rank's ``figures`` (rows, in :data:`FIGURES`' order).
 
     A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
-    slowest rank paces a collective, so each figure is the largest over the ranks; a figure no rank
-    measured keeps its previous value.
+    slowest rank paces the steps, so the compute time, the group averages' time and the drift are the
+    largest over the ranks. A global average is one collective of all ranks, and its time on a rank
+    includes waiting for the others to arrive (after group averages the ranks drift apart in time);
+    the last to arrive waits for nobody, so its time, the smallest, is the collective's own cost. A
+    figure no rank measured keeps its previous value.
 
     Example::
 
@@ -194,7 +199,7 @@ def decide(figures, previous, policy, step):
     """
     figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
     compute = _largest(figures[:, 0], previous.compute_seconds)
-    global_cost = _largest(figures[:, 1], previous.global_seconds)
+    global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
     group_cost = _largest(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
     mode, period, reasons = previous.mode, previous.period, []
@@ -276,6 +281,16 @@ class AdaptiveState:
         if self.decision.mode == GLOBAL:
             return GROUP if probe and first else GLOBAL
         return GLOBAL if probe and last else GROUP
+
+    def planned(self, start):
+        """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
+        force: what a traced step needs in advance (see :mod:`hvd_dssync.keras.sync`). No state changes."""
+        count, out = self.group_averages, []
+        for step in range(start, start + self.policy.decide_every):
+            kind = self.action(step)
+            out.append((kind, step if step < self.warmup_steps else self.warmup_steps + count))
+            count += kind == GROUP
+        return out
 
     def schedule_step(self, step):
         """The step of the schedule for ``step``: it advances once per group average, as in :class:`Policy`."""

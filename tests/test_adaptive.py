@@ -55,11 +55,15 @@ def test_period_grows_with_the_cost_of_an_average_and_shrinks_back():
 
 def test_the_slowest_rank_paces_and_missing_figures_keep_their_last_value():
     p = AdaptivePolicy(decide_every=8, max_period=1)
-    figures = [[0.05, 0.01, NAN, 0.0], [0.05, 0.50, NAN, 0.0], [0.05, 0.01, 0.01, 0.0], [0.05, 0.01, NAN, 0.0]]
+    # Rank 1 slow inside the global average: every rank waits for it, the rank arriving last included.
+    figures = [[0.05, 0.51, NAN, 0.0], [0.05, 0.50, NAN, 0.0], [0.08, 0.52, 0.01, 0.0], [0.05, 0.53, NAN, 0.0]]
     first = decide(figures, initial_decision(p), p, 7)
-    assert (first.mode, first.global_seconds, first.group_seconds) == (GROUP, 0.5, 0.01)
+    assert (first.mode, first.global_seconds, first.group_seconds, first.compute_seconds) == (GROUP, 0.5, 0.01, 0.08)
     second = decide([[0.05, NAN, 0.012, NAN]] * 4, first, p, 15)  # no global average measured this window
     assert (second.mode, second.global_seconds) == (GROUP, 0.5)
+    # A probe after group averages: the ranks arrive at different times; the last to arrive measures the cost.
+    skewed = [[0.05, 0.30, 0.01, 0.0], [0.05, 0.20, 0.01, 0.0], [0.05, 0.012, 0.01, 0.0], [0.05, 0.1, 0.01, 0.0]]
+    assert decide(skewed, second, p, 23).mode == GLOBAL
     unknown = decide([[0.05, 0.01, NAN, NAN]] * 4, initial_decision(p), p, 7)
     assert unknown.mode == GLOBAL and math.isnan(unknown.gain)
 
@@ -132,7 +136,7 @@ def test_resolve():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("framework", ["torch"])
+@pytest.mark.parametrize("framework", ["torch", "keras"])
 def test_every_rank_switches_at_the_same_step(framework):
     """Global averages slowed by one rank for 32 steps: groups at the same step everywhere, and back."""
     output = run("gloo", 4, "adaptive.py", framework, timeout=300)

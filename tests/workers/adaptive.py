@@ -110,5 +110,63 @@ def run_torch():
     check(decisions, figures, kinds, model_now, counter.messages, hvd, hvd.allgather_object)
 
 
+def run_keras():
+    import horovod.tensorflow.keras as hvd
+    import horovod.tensorflow as hvd_tf
+    import hvd_dssync.keras as dss
+    import tensorflow as tf
+    from hvd_dssync.adaptive import AdaptivePolicy
+
+    hvd.init()
+    tf.random.set_seed(hvd.rank())
+    try:
+        dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), policy="adaptive", global_every=2)
+    except ValueError as e:
+        assert "Arg ``global_every``" in str(e), e
+    else:
+        raise AssertionError("global_every accepted with policy='adaptive'")
+    steps = [0]
+    original = hvd_tf.grouped_allreduce
+
+    def slowed(tensors, *args, process_set=None, **kwargs):
+        """In the traced step: rank 0 sleeps inside the global averages of the slow steps."""
+        if hvd.rank() == 0 and process_set is not None and process_set.process_set_id == 0:
+            def sleep():
+                if SLOW_FROM <= steps[0] < SLOW_TO:
+                    time.sleep(DELAY)
+                return np.float32(0)
+            with tf.control_dependencies([tf.numpy_function(sleep, [], tf.float32)]):
+                tensors = [tf.identity(t) for t in tensors]
+        return original(tensors, *args, process_set=process_set, **kwargs)
+
+    hvd_tf.grouped_allreduce = slowed
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(8)])
+    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), schedule="butterfly",
+                                   policy=AdaptivePolicy(**SETTINGS))
+    model.compile(optimizer=opt, loss="mse")
+    counter = Count()
+    logging.getLogger("hvd_dssync.adaptive").addHandler(counter)
+    logging.getLogger("hvd_dssync.adaptive").setLevel(logging.INFO)
+    kinds = []
+
+    class Compute(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            steps[0] = opt.sync_step
+            kinds.append(opt._dssync.plan.adaptive.action(opt.sync_step))
+            time.sleep(COMPUTE)
+
+    rows = STEPS // 4 * 16  # 4 epochs of 16 steps
+    x, y = np.random.randn(rows, 64).astype("float32"), np.random.randn(rows, 8).astype("float32")
+    history = model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Compute(),
+                                   dss.callbacks.SyncStatsCallback()])
+    decisions = [(d["step"], d["mode"], d["period"]) for d in opt.dssync_decisions]
+    figures = [{k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()} for d in opt.dssync_decisions]
+    model_now = np.concatenate([v.numpy().ravel() for v in model.variables])
+    check(decisions, figures, kinds, model_now, counter.messages, hvd, hvd_tf.allgather_object)
+    assert history.history["dssync_global_averaging"] == [1.0, 0.0, 0.0, 1.0], history.history
+    assert history.history["dssync_decision_step"] == [15.0, 31.0, 47.0, 63.0], history.history
+
+
 if __name__ == "__main__":
-    {"torch": run_torch}[FRAMEWORK]()
+    {"torch": run_torch, "keras": run_keras}[FRAMEWORK]()
