@@ -135,6 +135,26 @@ def test_resolve():
         AdaptivePolicy.resolve("adaptive", global_every=4)
 
 
+def test_simulator_replays_a_changing_network(tmp_path):
+    from hvd_dssync.__main__ import main
+    from hvd_dssync.simulate import parse_rate_changes, replay_adaptive
+
+    changes = parse_rate_changes("t=30:inter=2,t=80:inter=40")
+    out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
+                          policy=AdaptivePolicy(decide_every=16))
+    switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
+    assert switches == [(95, GROUP), (207, GLOBAL)]
+    assert out["seconds"]["adaptive"] < out["seconds"]["global"]
+    timetable = tmp_path / "rates.json"
+    timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')
+    assert parse_rate_changes(str(timetable)) == changes
+    for bad in ("t=1", "inter=4", "t=1:inter=0", "t=1:wan=3", "t=a:inter=1"):
+        with pytest.raises(ValueError, match="Arg ``rate_changes``"):
+            parse_rate_changes(bad)
+    assert main(["simulate", "--adaptive", "--workers", "16", "--steps", "64", "--decide-every", "16",
+                 "--rate-change", "t=5:inter=0.5"]) == 0
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("framework", ["torch", "keras"])
 def test_every_rank_switches_at_the_same_step(framework):
