@@ -146,6 +146,12 @@ class Decision(NamedTuple):
     its first averaging step a global one (drift control). The figures are the ranks' medians over the
     window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is what group averaging
     would save of a period's time, ``share`` what the chosen mode's average takes of it.
+
+    Example::
+
+        >>> d = initial_decision(AdaptivePolicy())
+        >>> d.mode, d.period, sorted(d.as_dict())[:3]
+        ('global', 1, ['compute_seconds', 'drift', 'gain'])
     """
     step: int
     mode: str
@@ -164,7 +170,13 @@ class Decision(NamedTuple):
 
 
 def initial_decision(policy):
-    """Before any figure: global averages at the shortest period (the network is presumed fast)."""
+    """Before any figure: global averages at the shortest period (the network is presumed fast).
+
+    Example::
+
+        >>> initial_decision(AdaptivePolicy(min_period=2, max_period=4, decide_every=8)).period
+        2
+    """
     nan = float("nan")
     return Decision(-1, GLOBAL, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
 
