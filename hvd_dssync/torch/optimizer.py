@@ -313,16 +313,22 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """Join a new world, or take rank 0's step at the first step after construction (a collective).
 
         Horovod's resume recipe loads a checkpoint on rank 0 alone, then broadcasts the optimizer state,
-        which carries no plain attribute such as the step (and nothing at all for a stateless optimizer).
+        which carries no plain attribute such as the step (and nothing at all for a stateless optimizer),
+        nor the adaptive policy's decision in force (broadcast here too, once).
         The first step after construction is the one point where every rank is sure to be, so every
         rank takes rank 0's step there (inside a process set, that of the set's first rank).
         """
         if self._world_check_pending or self._world_changed():
             self._join_world()
         elif not self._step_settled:
-            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), self._scope.to_global((0,))[0],
+            root = self._scope.to_global((0,))[0]
+            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), root,
                                  name=f"{self._name}.step", process_set=self.process_set)
             self.sync_step = int(step.item())
+            if self._plan.adaptive is not None:  # the decision in force travels with the step
+                self._plan.adaptive.load(hvd_functions.broadcast_object(
+                    self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state",
+                    process_set=self.process_set))
         self._step_settled = True
 
     def _world_changed(self):

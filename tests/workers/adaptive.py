@@ -99,15 +99,24 @@ def run_torch():
             assert np.isfinite(decision["drift"]), decision  # measured by the averages themselves
         if step == 31:
             saved = opt.state_dict()
-    # A resumed optimizer continues the same decisions (and the schedule's step).
+    model_now = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+    check(decisions, figures, kinds, model_now, counter.messages, hvd, hvd.allgather_object)
+    # Horovod's resume recipe: rank 0 alone loads the checkpoint; at the first step every rank takes its
+    # step and the decision in force, and continues with group averages where the saved run was.
     resumed = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model=model,
                                        named_parameters=model.named_parameters(), schedule="butterfly",
                                        policy=AdaptivePolicy(**SETTINGS))
-    resumed.load_state_dict(saved)
-    assert resumed._plan.adaptive.state() == saved["dssync"]["adaptive"], saved["dssync"]
-    assert resumed._plan.action(32).kind == "group" and resumed.sync_step == 32
-    model_now = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-    check(decisions, figures, kinds, model_now, counter.messages, hvd, hvd.allgather_object)
+    if hvd.rank() == 0:
+        resumed.load_state_dict(saved)
+        assert resumed._plan.adaptive.state() == saved["dssync"]["adaptive"], saved["dssync"]
+    model(torch.randn(16, 64)).pow(2).mean().backward()
+    resumed.step()
+    mine = (resumed.sync_step, resumed.last_sync["kind"], resumed._plan.adaptive.group_averages,
+            resumed._plan.adaptive.decision.mode)
+    every = hvd.allgather_object(mine)
+    expected = (33, "group", saved["dssync"]["adaptive"]["group_averages"] + 1, "group")
+    assert every == [expected] * hvd.size(), every
+    print(f"rank {hvd.rank()}: resumed alike", flush=True)
 
 
 def run_keras():
