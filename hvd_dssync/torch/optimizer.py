@@ -325,11 +325,14 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), root,
                                  name=f"{self._name}.step", process_set=self.process_set)
             self.sync_step = int(step.item())
-            if self._plan.adaptive is not None:  # the decision in force travels with the step
-                self._plan.adaptive.load(hvd_functions.broadcast_object(
-                    self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state",
-                    process_set=self.process_set))
+            self._take_adaptive_state(root)
         self._step_settled = True
+
+    def _take_adaptive_state(self, root):
+        """The adaptive policy's decision in force and schedule step, from ``root`` (a collective, with the step)."""
+        if self._plan.adaptive is not None:
+            self._plan.adaptive.load(hvd_functions.broadcast_object(
+                self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state", process_set=self.process_set))
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -360,9 +363,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
         adaptive = self._plan.adaptive
         self._plan = _make_plan(arguments, self._scope)
-        if adaptive is not None:  # the survivors' decision carries on; a newcomer's is replaced by rank 0's
+        if adaptive is not None:
             self._plan.adaptive.load(adaptive.state())
         self.sync_step = self._check_ranks_agree(with_step=True)
+        self._take_adaptive_state(0)  # a newcomer's decision is rank 0's, as its step
 
     @contextlib.contextmanager
     def _amp_scaling(self):
