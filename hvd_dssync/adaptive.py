@@ -25,7 +25,9 @@ __all__ = ["AdaptivePolicy", "Decision", "decide", "AdaptiveState", "FIGURES"]
 logger = logging.getLogger("hvd_dssync.adaptive")
 
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
-# (computing), of a global average, of a group average, and the largest drift seen (see AdaptiveState).
+# (computing), the fewest seconds of a global average (its cost without waits for late ranks or one-off
+# stalls: a slow link slows every one of them), the median seconds of a group average, and the largest
+# drift seen (see AdaptiveState).
 FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift")
 
 
@@ -46,9 +48,9 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: one window in ``probe_every`` has one step that averages the other way (a group
-            average under global averaging, a global one under group averaging), so the mode not in use
-            keeps fresh figures; the first window always probes.
+        probe_every: one window in ``probe_every`` averages the other way once (a group average under
+            global averaging) or twice (the last two averages under group averaging are global), so the
+            mode not in use keeps fresh figures; the first window always probes.
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
             gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
@@ -286,13 +288,15 @@ class AdaptiveState:
         period = self.decision.period
         if (at + 1) % period:
             return LOCAL
-        first, last = at + 1 == period, at + 1 == self.policy.decide_every
+        first = at + 1 == period
+        # The last two averages: the first of them brings the ranks, apart in time after group averages, together.
+        last_two = at + 1 > self.policy.decide_every - 2 * period
         if self.decision.sync_now and first:
             return GLOBAL
         probe = window % self.policy.probe_every == 0
         if self.decision.mode == GLOBAL:
             return GROUP if probe and first else GLOBAL
-        return GLOBAL if probe and last else GROUP
+        return GLOBAL if probe and last_two else GROUP
 
     def planned(self, start):
         """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
@@ -325,8 +329,9 @@ class AdaptiveState:
 
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array for an allgather."""
-        return np.array([[_median(self._samples["compute"]), _median(self._samples[GLOBAL]),
-                          _median(self._samples[GROUP]), self._drift]], dtype=np.float64)
+        fewest = min(self._samples[GLOBAL], default=float("nan"))
+        return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift]],
+                        dtype=np.float64)
 
     def conclude(self, step, gathered):
         """Take the decision of every rank's ``gathered`` figures (concatenated rows), start a new window."""

@@ -584,9 +584,9 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
         >>> out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, policy=AdaptivePolicy(decide_every=16),
         ...                       rate_changes=parse_rate_changes("t=30:inter=2,t=80:inter=40"))
         >>> [(d["step"], round(d["t"]), d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-        [(95, 40, 'group'), (207, 85, 'global')]
+        [(111, 55, 'group'), (207, 93, 'global')]
         >>> {k: round(v) for k, v in out["seconds"].items()}  # group averages keep saving 7%, but models drift
-        {'adaptive': 191, 'global': 211, 'group': 182}
+        {'adaptive': 199, 'global': 211, 'group': 182}
     """
     from .adaptive import AdaptivePolicy, AdaptiveState
     from .policy import GLOBAL, GROUP

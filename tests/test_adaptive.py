@@ -81,13 +81,19 @@ def test_drift_above_the_bound_starts_the_next_window_with_a_global_average():
 
 
 def test_probes_give_the_mode_not_in_use_fresh_figures():
-    p = AdaptivePolicy(decide_every=4, max_period=2, probe_every=2)
+    p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
     state = AdaptiveState(p, warmup_steps=1)
-    assert [state.action(t) for t in range(9)] == ["bsp", GROUP, GLOBAL, GLOBAL, GLOBAL,
-                                                  GLOBAL, GLOBAL, GLOBAL, GLOBAL]
+    # Global averages: the first average of a probe window is a group average.
+    assert [state.action(t) for t in range(10)] == ["bsp", GROUP] + [GLOBAL] * 8
+    # Group averages every 2 steps: the last two averages of a probe window are global (the first brings
+    # the ranks together in time, the second measures the collective alone).
     state.decision = state.decision._replace(mode=GROUP, period=2)
-    assert [state.action(t) for t in range(1, 13)] == [LOCAL, GROUP, LOCAL, GLOBAL, LOCAL, GROUP,
-                                                     LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL]
+    probe = [LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL, LOCAL, GLOBAL]
+    assert [state.action(t) for t in range(1, 25)] == probe + [LOCAL, GROUP] * 4 + probe
+    # The global figure is a rank's fewest seconds: the collective without the wait for late ranks.
+    for kind, seconds in ((GLOBAL, 0.3), (GLOBAL, 0.02), (GROUP, 0.01), (GROUP, 0.03), (GROUP, 0.02)):
+        state.record(kind, seconds, 0.05)
+    assert state.figures()[0, :3].tolist() == [0.05, 0.02, 0.02]
 
 
 def test_plan_follows_the_decisions_and_advances_the_schedule_once_per_group_average():
@@ -143,7 +149,7 @@ def test_simulator_replays_a_changing_network(tmp_path):
     out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                           policy=AdaptivePolicy(decide_every=16))
     switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-    assert switches == [(95, GROUP), (207, GLOBAL)]
+    assert switches == [(111, GROUP), (207, GLOBAL)]
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
     timetable = tmp_path / "rates.json"
     timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')
