@@ -22,7 +22,9 @@ import numpy as np
 
 from . import __version__
 from .schedules import SCHEDULE_NAMES, make_schedule
-from .simulate import TABLE_SCHEDULES, format_table, rack_topology, simulate_table
+from .adaptive import AdaptivePolicy
+from .simulate import (TABLE_SCHEDULES, format_table, parse_rate_changes, rack_topology, replay_adaptive,
+                       simulate_table)
 
 __all__ = ["main", "build_parser"]
 
@@ -118,11 +120,51 @@ def _add_simulate(commands):
     sim.add_argument("--average-every", type=_positive_int, default=1,
                      help="DS-Sync schedules average on one step in this many, local steps between (default 1)")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--adaptive", action="store_true",
+                     help="replay the adaptive policy on the first --workers size, racks of --rack-size, under "
+                          "--rate-change; prints its decisions and the time of --steps steps against each fixed mode")
+    sim.add_argument("--rate-change", default="", metavar="CHANGES",
+                     help='with --adaptive: link rates over simulated time, "t=30:inter=4,t=60:inter=40" '
+                          "(seconds, Gb/s; inter: rack uplinks, intra: NICs) or a JSON timetable file")
+    sim.add_argument("--decide-every", type=_positive_int, default=64,
+                     help="with --adaptive: steps between decisions (default 64)")
+    sim.add_argument("--compute-ms", type=_positive_float, default=200.0,
+                     help="with --adaptive: compute time of a step, in ms (default 200)")
     sim.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     sim.set_defaults(run=_run_simulate)
 
 
+def _run_adaptive(args, parser):
+    try:
+        policy = AdaptivePolicy(decide_every=args.decide_every, min_period=args.average_every,
+                                max_period=8 * args.average_every)
+        out = replay_adaptive(world_size=args.workers[0], rack_size=args.rack_size, steps=args.steps,
+                              rate_changes=parse_rate_changes(args.rate_change),
+                              intra_rack_gbps=args.intra_rack_gbps, cross_rack_gbps=args.cross_rack_gbps,
+                              model_bytes=args.model_mb * 1e6, compute_seconds=args.compute_ms / 1e3, policy=policy)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    print(f"{args.workers[0]} ranks, racks of {args.rack_size}, model of {args.model_mb:g} MB, "
+          f"{args.compute_ms:g} ms of compute per step; rates: uplinks {args.cross_rack_gbps:g} Gb/s, "
+          f"NICs {args.intra_rack_gbps:g} Gb/s, then {args.rate_change or 'unchanged'}.\n")
+    print("| step | t (s) | mode | average every | global ms | group ms | why |")
+    print("|--:|--:|:--|--:|--:|--:|:--|")
+    for d in out["decisions"]:
+        if d["reason"] != "unchanged" or d is out["decisions"][0]:
+            print(f"| {d['step']} | {d['t']:.1f} | {d['mode']} | {d['period']} | {d['global_seconds'] * 1e3:.4g} | "
+                  f"{d['group_seconds'] * 1e3:.4g} | {d['reason']} |")
+    print("\n" + ", ".join(f"{k}: {v:.1f} s" for k, v in out["seconds"].items()) + f" for {args.steps} steps")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def _run_simulate(args, parser):
+    if args.adaptive:
+        return _run_adaptive(args, parser)
     try:
         rows = simulate_table(workers=args.workers, schedules=args.schedule, num_groups=args.num_groups,
                               group_size=args.group_size, rack_size=args.rack_size,

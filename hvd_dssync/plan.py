@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .adaptive import AdaptivePolicy, AdaptiveState
 from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
 from .schedules import make_schedule
 from .topology import ENV_VAR as TOPOLOGY_ENV
@@ -96,6 +97,8 @@ class SyncPlan:
         num_groups, group_size, seed, topology, schedule_options: passed to :func:`make_schedule`; a
             "shuffle" given neither ``num_groups`` nor ``group_size`` takes :func:`default_group_size`.
         warmup_steps, global_every, average_every: the :class:`Policy`.
+        adaptive: an :class:`hvd_dssync.adaptive.AdaptivePolicy` or its ``config()``: the kind of each step
+            after the warm-up then follows the decisions in ``self.adaptive`` (an ``AdaptiveState``).
 
     Example::
 
@@ -108,7 +111,8 @@ class SyncPlan:
     """
 
     def __init__(self, rank, world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0,
-                 topology=None, warmup_steps=0, global_every=0, average_every=1, schedule_options=None):
+                 topology=None, warmup_steps=0, global_every=0, average_every=1, schedule_options=None,
+                 adaptive=None):
         self.rank = rank
         self.world_size = world_size
         self.world = tuple(range(world_size))
@@ -121,11 +125,16 @@ class SyncPlan:
         self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
                                       seed=seed, topology=topology, **(schedule_options or {}))
         self._window = None
+        self.adaptive = None if adaptive is None else AdaptiveState(
+            AdaptivePolicy.resolve(adaptive, average_every, global_every), warmup_steps)
+
+    def _schedule_step(self, step):
+        return (self.adaptive or self.policy).schedule_step(step)
 
     def action(self, step):
-        kind = self.policy.action(step)
+        kind = (self.adaptive or self.policy).action(step)
         if kind == GROUP:
-            return Action(GROUP, self.schedule.group_of(self.rank, self.policy.schedule_step(step)))
+            return Action(GROUP, self.schedule.group_of(self.rank, self._schedule_step(step)))
         if kind == LOCAL:
             return Action(LOCAL, (self.rank,))
         return Action(kind, self.world)
@@ -135,7 +144,7 @@ class SyncPlan:
 
         Call once per step on every rank, before the step's communication; it remembers the window.
         """
-        window = self.schedule.window_of(self.policy.schedule_step(step))
+        window = self.schedule.window_of(self._schedule_step(step))
         if window == self._window:
             return None
         acquire = self.schedule.window_groups(window)
@@ -150,7 +159,10 @@ class SyncPlan:
         return groups
 
     def config(self):
-        return {"schedule": self.schedule.config(), "policy": self.policy.config()}
+        config = {"schedule": self.schedule.config(), "policy": self.policy.config()}
+        if self.adaptive is not None:
+            config["adaptive"] = self.adaptive.policy.config()
+        return config
 
 
 def arguments_for_world(arguments, world_size):
@@ -249,6 +261,8 @@ def agreement_fields(plan, parameters=None, options=None, step=None):
     config.pop("world_size", None)
     fields.update(config)
     fields.update(plan.policy.config())
+    if plan.adaptive is not None:
+        fields["adaptive"] = plan.adaptive.policy.config()
     fields["groups"] = _digest(_groups_sample(plan.schedule))
     if parameters is not None:
         parameters = [list(p) for p in parameters]

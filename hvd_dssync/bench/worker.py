@@ -32,11 +32,14 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local": ("topology", True),
     "dssync-topology-local-momentum": ("topology", True),
     "dssync-topology-local-overlap": ("topology", True),
+    "dssync-adaptive": ("topology", False),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
+# Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
+POLICY = {"dssync-adaptive": "adaptive"}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
@@ -141,6 +144,7 @@ def _make_contender(name, model, config, rank, size):
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
                                            outer_momentum=OUTER_MOMENTUM.get(name, 0.0), overlap=name in OVERLAP,
+                                           policy=POLICY.get(name), **kwargs)
                                            **kwargs)
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)

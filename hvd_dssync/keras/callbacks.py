@@ -4,10 +4,13 @@ in the logs.
 Put them before callbacks that read the logs or save the model (TensorBoard, ModelCheckpoint), so those
 see the distance and the synchronized weights.
 """
+import math
+import time
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..plan import BSP, ring_allreduce_bytes
+from ..plan import BSP, GLOBAL, ring_allreduce_bytes
 from .functions import consensus_distance, synchronize_models
 
 __all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback", "SyncStatsCallback"]
@@ -74,6 +77,13 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
     allreduce to the end of its assignment, taken in the traced step (waiting for slower group members
     included), as the PyTorch adapter's ``opt.last_sync["seconds"]``.
 
+    Under ``policy="adaptive"`` it also runs the policy: after every step it notes the step's seconds in
+    and out of the averaging, and at each decision step it gathers the ranks' figures and sets the next
+    window's branches (every rank alike, before the next step). The decision in force at the end of an
+    epoch goes to the logs, so to ``History``: ``logs["dssync_global_averaging"]`` (1 for global averages,
+    0 for group averages), ``logs["dssync_average_every"]`` and ``logs["dssync_decision_step"]``; every
+    decision, with its figures, is in ``optimizer.dssync_decisions``.
+
     Args:
         key: the log key of the bytes.
         seconds_key: the log key of the seconds.
@@ -89,6 +99,29 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
         self.seconds_key = seconds_key
         self._first_step = 0
         self._first_seconds = 0.0
+        self._last = None  # (step, time, sync seconds) after the last step adapted to
+
+    def on_train_begin(self, logs=None):
+        if self.model.optimizer._dssync.plan.adaptive is None:
+            return
+        per_execution = getattr(self.model, "_steps_per_execution", None)
+        if per_execution is not None and int(per_execution.numpy()) != 1:
+            raise ValueError("policy='adaptive' decides between two steps, so it needs model.compile(..., "
+                             f"steps_per_execution=1), got {int(per_execution.numpy())}.")
+        self._last = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        sync = optimizer._dssync
+        if sync.plan.adaptive is None:
+            return
+        step, now = optimizer.sync_step - 1, time.perf_counter()
+        if self._last is not None and self._last[0] == step:
+            return  # a pass that only accumulated gradients
+        seconds = math.nan if self._last is None else sync.sync_seconds - self._last[2]
+        compute = math.nan if self._last is None else now - self._last[1] - seconds
+        sync.adapt(step, seconds, compute)
+        self._last = (step, time.perf_counter(), sync.sync_seconds)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._first_step = self.model.optimizer.sync_step
@@ -109,6 +142,11 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
             sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
         logs[self.key] = sent
         logs[self.seconds_key] = optimizer._dssync.sync_seconds - self._first_seconds
+        if plan.adaptive is not None:
+            decision = plan.adaptive.decision
+            logs["dssync_global_averaging"] = float(decision.mode == GLOBAL)
+            logs["dssync_average_every"] = float(decision.period)
+            logs["dssync_decision_step"] = float(decision.step)
 
 
 def _nbytes(variables):

@@ -17,6 +17,7 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..adaptive import AdaptivePolicy
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from .sync import StepSync, make_plan
@@ -60,6 +61,11 @@ class _DSSyncOptimizer:
     @property
     def policy(self):
         return self._dssync.plan.policy
+
+    @property
+    def dssync_decisions(self):
+        """The adaptive policy's decisions so far (dicts, as the PyTorch adapter's ``last_sync["decision"]``)."""
+        return self._dssync.decisions
 
     @property
     def sync_step(self):
@@ -266,7 +272,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_non_trainable=True,
-                         schedule_options=None):
+                         schedule_options=None, policy=None):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: it takes the same arguments and
@@ -302,6 +308,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
         schedule_options: extra arguments for the named schedule. Shuffle defaults to
             ``window_steps=None`` here: its partitions never change (see docs/keras.md).
+        policy: None or "fixed" (the periods above), or "adaptive" (or an
+            :class:`hvd_dssync.adaptive.AdaptivePolicy`): as in the PyTorch adapter, the ranks choose
+            together between global and group averages and the period, from what their averages cost.
+            The traced step reads the window's branches from a variable that
+            :class:`hvd_dssync.keras.callbacks.SyncStatsCallback` sets at each decision step: pass that
+            callback to ``model.fit`` (``steps_per_execution=1``).
 
     Example::
 
@@ -318,12 +330,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     in_process_set = scope.world_size != hvd.size()
+    adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                      average_every=average_every,
                      schedule_options=schedule_options)
+    if adaptive is not None:
+        arguments["adaptive"] = adaptive.config()
     op_name = name or f"DSSync{type(optimizer).__name__}"
     sync = StepSync(make_plan(**arguments, scope=scope if in_process_set else None), compression=compression, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,

@@ -15,14 +15,15 @@ world size (same arguments, same op names) and connects again; a graph traced fo
 with a clear error instead of using process sets that no longer exist.
 """
 import itertools
+import math
 import time
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
-                    check_agreement, resolve_schedule)
+from ..plan import (BSP, GLOBAL, GROUP, LOCAL, Action, SyncPlan, agreement_fields, agreement_payload,
+                    arguments_for_world, check_agreement, resolve_schedule)
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from ..watchdog import describe_wait, process_watchdog
@@ -43,7 +44,7 @@ _STEP_BITS = 32
 
 
 def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=None, warmup_steps=0,
-              global_every=0, average_every=1, schedule_options=None, scope=None):
+              global_every=0, average_every=1, schedule_options=None, scope=None, adaptive=None):
     """The :class:`SyncPlan` of this rank; the schedule must keep its groups for the whole run.
 
     The pool of process sets a traced graph can use is fixed when it is traced, so a schedule with
@@ -65,7 +66,7 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=
     rank, size = (hvd.rank(), hvd.size()) if scope is None else (scope.rank, scope.world_size)
     plan = SyncPlan(rank, size, schedule=schedule, num_groups=num_groups, group_size=group_size,
                     seed=seed, topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                    average_every=average_every, schedule_options=options)
+                    average_every=average_every, schedule_options=options, adaptive=adaptive)
     if plan.schedule.window_steps is not None:
         raise ValueError(
             f"hvd_dssync.keras: schedule {plan.schedule!r} changes its groups every "
@@ -105,6 +106,8 @@ class StepSync:
         self._watchdog = process_watchdog(hvd.shutdown)
         self._open, self._opened = {}, itertools.count()
         self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
+        self.decisions = []  # the adaptive policy's decisions, as dicts (see adapt)
+        self._window = None  # under the adaptive policy: the branches of the window in force, a variable
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
@@ -126,6 +129,12 @@ class StepSync:
         self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
                                      if plan.rank in g and 1 < len(g) < plan.world_size}))
         self._table = self._branch_table()
+        if plan.adaptive is not None:
+            with tf.init_scope():
+                if self._window is None:
+                    self._window = tf.Variable(self._table, trainable=False, name="dssync_adaptive_window")
+                else:
+                    self._window.assign(self._table)
 
     def connect(self, what, parameters=None, options=None):
         """Check that all ranks were configured alike, then register the process sets (collectives).
@@ -254,8 +263,8 @@ class StepSync:
                     "restored another checkpoint, or ran a step the others did not, differs)"],
             summarize=_STEP_BITS, name=f"{self.name}_step_check")
 
-    def _branch_of(self, step):
-        action = self.plan.action(step)
+    def _branch_of(self, step, action=None):
+        action = action or self.plan.action(step)
         if action.kind in (BSP, LOCAL) or len(action.group) == 1:
             return _KEEP
         if action.kind == GLOBAL or len(action.group) == self.plan.world_size:
@@ -269,16 +278,43 @@ class StepSync:
         number of times in each, so ``period() * cycle`` steps bring both back to their start.
         """
         policy, schedule = self.plan.policy, self.plan.schedule
-        period = policy.period() * len(schedule.partitions(0))
         start = policy.warmup_steps
+        if self.plan.adaptive is not None:
+            return self._window_table(start)
+        period = policy.period() * len(schedule.partitions(0))
         return np.array([self._branch_of(start + i) for i in range(period)], dtype=np.int32)
+
+    def _window_table(self, start):
+        """The adaptive policy's branches for the window that starts at ``start``, from its decision in force."""
+        actions = [(kind, self.plan.schedule.group_of(self.plan.rank, at) if kind == GROUP else self.plan.world)
+                   for kind, at in self.plan.adaptive.planned(start)]
+        return np.array([self._branch_of(None, Action(*a)) for a in actions], dtype=np.int32)
+
+    def adapt(self, step, seconds, compute_seconds):
+        """Note step ``step``'s figures under the adaptive policy; at a decision step, decide and set the next
+        window's branches. Call it on every rank after each step (``SyncStatsCallback`` does), before the
+        next: a decision step gathers every rank's figures (one small allgather, eager). Returns the
+        decision's dict at a decision step, else None.
+        """
+        adaptive = self.plan.adaptive
+        kind = adaptive.action(step)
+        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds)
+        if not adaptive.is_decision_step(step):
+            return None
+        gathered = hvd.allgather(tf.constant(adaptive.figures()), name=f"{self.name}_adaptive",
+                                 process_set=self.process_set)
+        decision = adaptive.conclude(step, gathered.numpy()).as_dict()
+        self._window.assign(self._window_table(step + 1))
+        self.decisions.append(decision)
+        return decision
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""
         step = tf.cast(step, tf.int64)
         warmup = self.plan.policy.warmup_steps
         offset = tf.math.floormod(tf.maximum(step - warmup, 0), len(self._table))
-        branch = tf.gather(tf.constant(self._table), offset)
+        table = tf.constant(self._table) if self._window is None else self._window.read_value()
+        branch = tf.gather(table, offset)
         if warmup:
             branch = tf.where(step < warmup, tf.constant(_KEEP, tf.int32), branch)
         return branch

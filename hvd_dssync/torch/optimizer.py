@@ -13,6 +13,7 @@ import atexit
 import collections
 import contextlib
 import itertools
+import math
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch import functions as hvd_functions
 
+from ..adaptive import AdaptivePolicy, drift_of
 from ..guards import check_nccl_process_sets, describe_step_drift, step_signature, steps_differ
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
@@ -167,6 +169,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._step_settled = False
         self.sync_step = 0
         self.last_sync = None
+        self._step_ended = None  # when the last step() returned, for the adaptive policy's compute time
+        self._drift = float("nan")
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -197,6 +201,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if self._should_synchronize and self._synchronized:
             warnings.warn(SYNCHRONIZE_WARNING)
         action = self._plan.action(self.sync_step)
+        self._drift = float("nan")
         with self._amp_scaling() as (grad_scale, found_inf):
             if action.kind == BSP:
                 if self._should_synchronize:
@@ -210,6 +215,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             else:
                 loss = self._local_update(closure, grad_scale, found_inf)
                 self._average_model(action)
+        if self._plan.adaptive is not None:
+            self._adapt(action)
         self._synchronized = False
         self.sync_step += 1
         return loss
@@ -264,6 +271,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         state = super(self.__class__, self).state_dict()
         state["dssync"] = {"sync_step": self.sync_step, "config": self._plan.config(),
                            "arguments": _portable(self._plan_arguments)}
+        if self._plan.adaptive is not None:
+            state["dssync"]["adaptive"] = self._plan.adaptive.state()
         if self._outer is not None:
             state["dssync"]["outer"] = {"anchors": [a.clone() for a in self._outer[0]],
                                         "momentum": [m.clone() for m in self._outer[1]]}
@@ -291,6 +300,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                                  f"this optimizer's {mine}; resume with the same arguments.")
             self.finish_pending()
             self.sync_step = int(saved["sync_step"])
+            if self._plan.adaptive is not None and "adaptive" in saved:
+                self._plan.adaptive.load(saved["adaptive"])
             outer = saved.get("outer")
             self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
         self._synchronized = False
@@ -302,17 +313,26 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """Join a new world, or take rank 0's step at the first step after construction (a collective).
 
         Horovod's resume recipe loads a checkpoint on rank 0 alone, then broadcasts the optimizer state,
-        which carries no plain attribute such as the step (and nothing at all for a stateless optimizer).
+        which carries no plain attribute such as the step (and nothing at all for a stateless optimizer),
+        nor the adaptive policy's decision in force (broadcast here too, once).
         The first step after construction is the one point where every rank is sure to be, so every
         rank takes rank 0's step there (inside a process set, that of the set's first rank).
         """
         if self._world_check_pending or self._world_changed():
             self._join_world()
         elif not self._step_settled:
-            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), self._scope.to_global((0,))[0],
+            root = self._scope.to_global((0,))[0]
+            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), root,
                                  name=f"{self._name}.step", process_set=self.process_set)
             self.sync_step = int(step.item())
+            self._take_adaptive_state(root)
         self._step_settled = True
+
+    def _take_adaptive_state(self, root):
+        """The adaptive policy's decision in force and schedule step, from ``root`` (a collective, with the step)."""
+        if self._plan.adaptive is not None:
+            self._plan.adaptive.load(hvd_functions.broadcast_object(
+                self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state", process_set=self.process_set))
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -341,8 +361,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
+        adaptive = self._plan.adaptive
         self._plan = _make_plan(arguments, self._scope)
+        if adaptive is not None:
+            self._plan.adaptive.load(adaptive.state())
         self.sync_step = self._check_ranks_agree(with_step=True)
+        self._take_adaptive_state(0)  # a newcomer's decision is rank 0's, as its step
 
     @contextlib.contextmanager
     def _amp_scaling(self):
@@ -427,13 +451,43 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                              started, sent_bytes)
             return
         with self._bounded(action, self.sync_step):
-            if self._compression is hvd.Compression.none:
+            if self._compression is hvd.Compression.none and self._plan.adaptive is not None:
+                signature = self._average_measuring_drift(tensors, signature, name, process_set)
+            elif self._compression is hvd.Compression.none:
                 hvd.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
             else:
                 sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
         self._outer_step()
         self._record(action, time.perf_counter() - started, sent_bytes)
+
+    # --- the adaptive policy ------------------------------------------------------------------
+
+    def _average_measuring_drift(self, tensors, signature, name, process_set):
+        """The group average, with each member's squared norm riding along (one more element in the same
+        collective), so that the members learn how far apart their models were (:func:`drift_of`)."""
+        square = sum(float(t.double().pow(2).sum()) for t in tensors)
+        carried = torch.cat([signature, torch.tensor([square], dtype=signature.dtype)])
+        hvd.grouped_allreduce_(tensors + [carried], name=name, op=hvd.Average, process_set=process_set)
+        self._drift = drift_of(float(carried[-1]), sum(float(t.double().pow(2).sum()) for t in tensors))
+        return carried[:-1]
+
+    def _adapt(self, action):
+        """Note this step's figures; at a decision step gather every rank's and decide (one small allgather)."""
+        adaptive, now = self._plan.adaptive, time.perf_counter()
+        this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
+        seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
+        compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
+        adaptive.record(action.kind, seconds, compute, self._drift)
+        if adaptive.is_decision_step(self.sync_step):
+            everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+            with self._bounded(everyone, self.sync_step):
+                gathered = hvd.allgather(torch.from_numpy(adaptive.figures()), name=f"{self._name}.adaptive",
+                                         process_set=self.process_set)
+            decision = adaptive.conclude(self.sync_step, gathered.numpy())
+            self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
+                                  decision=decision.as_dict())
+        self._step_ended = time.perf_counter()
 
     # --- inside a process set, and lossy compression -----------------------------------------
 
@@ -618,7 +672,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
-                         overlap=False, schedule_options=None, outer_momentum=0.0):
+                         overlap=False, schedule_options=None, outer_momentum=0.0, policy=None):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``hvd.DistributedOptimizer``: it takes the same arguments and returns an instance of
@@ -663,6 +717,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning
             rate 1): the parameters move by ``m <- outer_momentum * m + change of the averaged model since
             the last average``; 0 (the default) is plain averaging. Costs two copies of the parameters.
+        policy: None or "fixed" (the periods above), or "adaptive" (or an
+            :class:`hvd_dssync.adaptive.AdaptivePolicy`): the ranks measure what their averages cost and
+            choose together, every ``decide_every`` steps, between global and group averages and the period
+            (from ``average_every`` up); ``global_every`` must be 0. Each decision is in
+            ``last_sync["decision"]`` at the step that took it, and in the checkpoint.
 
     Example::
 
@@ -684,6 +743,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
+    adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     in_process_set = scope.world_size != hvd.size()
     if in_process_set and (topology is not None or schedule == "topology"):
@@ -696,6 +756,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
                           topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                           average_every=average_every, schedule_options=schedule_options)
+    if adaptive is not None:
+        plan_arguments["adaptive"] = adaptive.config()
     plan = _make_plan(plan_arguments, scope)
     if in_process_set and plan.schedule.window_steps is not None:
         raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "

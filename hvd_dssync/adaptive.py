@@ -1,0 +1,376 @@
+"""An adaptive policy: the ranks measure what their averages cost, and change mode and period together.
+
+While the network is fast, every averaging step averages over all ranks (the models stay identical);
+when a global average costs much more than a group average (a contended link, a slow host), the steps
+average inside the schedule's groups instead; the averaging period (``average_every``) grows when an
+average takes a large share of a step and shrinks when it no longer does. When the models drift apart
+beyond a bound, the next window starts with a global average.
+
+Every rank must take each decision at the same step, so decisions are taken only at the last step of
+each *window* of ``decide_every`` steps, from figures that every rank gathered at that step (one small
+allgather, the only communication this policy adds), by :func:`decide`, a pure function of those
+figures and the previous decision. A mode not in use has no fresh figures: one step in every
+``probe_every`` windows averages the other way (a *probe*), and in between the last figures are kept.
+"""
+import logging
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .policy import BSP, GLOBAL, GROUP, LOCAL
+
+__all__ = ["AdaptivePolicy", "Decision", "decide", "AdaptiveState", "FIGURES"]
+
+logger = logging.getLogger("hvd_dssync.adaptive")
+
+# One rank's figures of one window, in this order: the median seconds of a step outside its averaging
+# (computing), the fewest seconds of a global average (its cost without waits for late ranks or one-off
+# stalls: a slow link slows every one of them), the median seconds of a group average, and the largest
+# drift seen (see AdaptiveState).
+FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift")
+
+
+def _positive(name, value, integer=True, allow_zero=False):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not (value >= 0 if allow_zero else value > 0) \
+            or not math.isfinite(value):
+        rule = ("a non-negative" if allow_zero else "a positive") + (" integer" if integer else " number")
+        raise ValueError(f"Arg ``{name}`` must be {rule}, got {value!r}.")
+    return value
+
+
+class AdaptivePolicy:
+    """The adaptive policy's settings (``policy="adaptive"`` takes the defaults). Validated here.
+
+    Args:
+        decide_every: steps per window; every rank decides at the last step of each window. A multiple
+            of every period the policy may choose.
+        max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
+            optimizer's ``average_every``. Periods double and halve between the two.
+        probe_every: one window in ``probe_every`` averages the other way once (a group average under
+            global averaging) or twice (the last two averages under group averaging are global), so the
+            mode not in use keeps fresh figures; the first window always probes.
+        enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
+            ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
+            gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
+        raise_share, lower_share: double the period when an average takes more than ``raise_share`` of a
+            period's time, halve it when less than ``lower_share``.
+        drift_bound: when the largest relative distance between the models of a group before averaging
+            (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
+            starts with a global average. ``None``: never.
+
+    Example::
+
+        >>> AdaptivePolicy(decide_every=16, max_period=4).config()["decide_every"]
+        16
+        >>> AdaptivePolicy(decide_every=6, max_period=4)
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``decide_every`` must be a multiple of every period the policy may choose (1, 2, 4), got 6.
+    """
+
+    def __init__(self, decide_every=64, max_period=8, probe_every=4, enter_gain=0.3, leave_gain=0.1,
+                 raise_share=0.5, lower_share=0.2, drift_bound=0.05, min_period=1):
+        self.decide_every = _positive("decide_every", decide_every)
+        self.min_period = _positive("average_every", min_period)
+        self.max_period = _positive("max_period", max_period)
+        if max_period < min_period:
+            raise ValueError(f"Arg ``max_period`` must be at least average_every ({min_period}), got {max_period}.")
+        self.probe_every = _positive("probe_every", probe_every)
+        for name, value in (("enter_gain", enter_gain), ("leave_gain", leave_gain),
+                            ("raise_share", raise_share), ("lower_share", lower_share)):
+            _positive(name, value, integer=False, allow_zero=True)
+            if value >= 1:
+                raise ValueError(f"Arg ``{name}`` must be a fraction in [0, 1), got {value!r}.")
+        if leave_gain > enter_gain:
+            raise ValueError(f"Arg ``leave_gain`` ({leave_gain}) must not exceed ``enter_gain`` ({enter_gain}).")
+        if lower_share > raise_share:
+            raise ValueError(f"Arg ``lower_share`` ({lower_share}) must not exceed ``raise_share`` ({raise_share}).")
+        self.enter_gain, self.leave_gain = float(enter_gain), float(leave_gain)
+        self.raise_share, self.lower_share = float(raise_share), float(lower_share)
+        self.drift_bound = None if drift_bound is None else float(_positive("drift_bound", drift_bound, integer=False))
+        periods = self.periods()
+        if any(decide_every % p for p in periods):
+            raise ValueError(f"Arg ``decide_every`` must be a multiple of every period the policy may choose "
+                             f"({', '.join(map(str, periods))}), got {decide_every}.")
+
+    def periods(self):
+        """The periods the policy may choose: ``min_period`` doubled up to ``max_period``."""
+        out = [self.min_period]
+        while out[-1] < self.max_period:
+            out.append(min(2 * out[-1], self.max_period))
+        return tuple(out)
+
+    def config(self):
+        return {"decide_every": self.decide_every, "min_period": self.min_period, "max_period": self.max_period,
+                "probe_every": self.probe_every, "enter_gain": self.enter_gain, "leave_gain": self.leave_gain,
+                "raise_share": self.raise_share, "lower_share": self.lower_share, "drift_bound": self.drift_bound}
+
+    @classmethod
+    def resolve(cls, policy, average_every=1, global_every=0):
+        """The settings an optimizer's ``policy`` argument asks for: ``None`` (fixed) or an :class:`AdaptivePolicy`.
+
+        ``policy`` is None or "fixed" (the fixed :class:`hvd_dssync.policy.Policy`), "adaptive" (the
+        defaults, at least ``average_every`` steps apart) or an :class:`AdaptivePolicy`; a dict is its
+        :meth:`config`. No communication.
+
+        Example::
+
+            >>> AdaptivePolicy.resolve("adaptive", average_every=2).periods()
+            (2, 4, 8, 16)
+            >>> AdaptivePolicy.resolve("fixed") is None
+            True
+        """
+        if policy is None or policy == "fixed":
+            return None
+        if policy == "adaptive":
+            policy = cls(decide_every=64 * average_every, min_period=average_every, max_period=8 * average_every)
+        elif isinstance(policy, dict):
+            policy = cls(**policy)
+        elif not isinstance(policy, cls):
+            raise ValueError(f"Arg ``policy`` must be None, 'fixed', 'adaptive' or an AdaptivePolicy, got {policy!r}.")
+        if policy.min_period != average_every:
+            policy = cls(**{**policy.config(), "min_period": average_every})
+        if global_every:
+            raise ValueError("Arg ``global_every`` must be 0 with policy='adaptive': the policy decides when to "
+                             "average globally.")
+        return policy
+
+    def __repr__(self):
+        return "AdaptivePolicy(" + ", ".join(f"{k}={v!r}" for k, v in self.config().items()) + ")"
+
+
+class Decision(NamedTuple):
+    """What the ranks decided at ``step`` (the last step of a window), and the figures behind it.
+
+    ``mode`` is GLOBAL or GROUP; ``period`` the averaging period of the next window; ``sync_now`` makes
+    its first averaging step a global one (drift control). The figures are the ranks' medians over the
+    window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is what group averaging
+    would save of a period's time, ``share`` what the chosen mode's average takes of it.
+
+    Example::
+
+        >>> d = initial_decision(AdaptivePolicy())
+        >>> d.mode, d.period, sorted(d.as_dict())[:3]
+        ('global', 1, ['compute_seconds', 'drift', 'gain'])
+    """
+    step: int
+    mode: str
+    period: int
+    sync_now: bool
+    compute_seconds: float
+    global_seconds: float
+    group_seconds: float
+    drift: float
+    gain: float
+    share: float
+    reason: str
+
+    def as_dict(self):
+        return self._asdict()
+
+
+def initial_decision(policy):
+    """Before any figure: global averages at the shortest period (the network is presumed fast).
+
+    Example::
+
+        >>> initial_decision(AdaptivePolicy(min_period=2, max_period=4, decide_every=8)).period
+        2
+    """
+    nan = float("nan")
+    return Decision(-1, GLOBAL, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
+
+
+def _largest(column, previous, smallest=False):
+    finite = column[np.isfinite(column)]
+    if not finite.size:
+        return previous
+    return float(finite.min() if smallest else finite.max())
+
+
+def decide(figures, previous, policy, step):
+    """The next window's :class:`Decision`, from every rank's ``figures`` (rows, in :data:`FIGURES`' order).
+
+    A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
+    slowest rank paces the steps, so the compute time, the group averages' time and the drift are the
+    largest over the ranks. A global average is one collective of all ranks, and its time on a rank
+    includes waiting for the others to arrive (after group averages the ranks drift apart in time);
+    the last to arrive waits for nobody, so its time, the smallest, is the collective's own cost. A
+    figure no rank measured keeps its previous value.
+
+    Example::
+
+        >>> p = AdaptivePolicy(decide_every=8, max_period=4)
+        >>> start = initial_decision(p)
+        >>> fast = [[0.010, 0.002, 0.001, 0.0]] * 4       # compute, global, group, drift per rank
+        >>> decide(fast, start, p, 7).mode
+        'global'
+        >>> slow = [[0.010, 0.200, 0.001, 0.0]] * 4       # a global average now takes 200 ms
+        >>> d = decide(slow, start, p, 7); d.mode, d.period
+        ('group', 1)
+    """
+    figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
+    compute = _largest(figures[:, 0], previous.compute_seconds)
+    global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
+    group_cost = _largest(figures[:, 2], previous.group_seconds)
+    drift = _largest(figures[:, 3], float("nan"))
+    mode, period, reasons = previous.mode, previous.period, []
+    gain = share = float("nan")
+    known = math.isfinite(global_cost) and math.isfinite(group_cost) and math.isfinite(compute)
+    if known:
+        gain = (global_cost - group_cost) / max(period * compute + global_cost, 1e-12)
+        if mode == GLOBAL and gain > policy.enter_gain:
+            mode = GROUP
+            reasons.append(f"group averages save {gain:.0%} of a period")
+        elif mode == GROUP and gain < policy.leave_gain:
+            mode = GLOBAL
+            reasons.append(f"group averages save only {gain:.0%} of a period")
+    cost = global_cost if mode == GLOBAL else group_cost
+    if math.isfinite(cost) and math.isfinite(compute):
+        share = cost / max(period * compute + cost, 1e-12)
+        periods = policy.periods()
+        at = periods.index(period) if period in periods else 0
+        if share > policy.raise_share and at + 1 < len(periods):
+            period = periods[at + 1]
+            reasons.append(f"an average takes {share:.0%} of a period")
+        elif share < policy.lower_share and at > 0:
+            period = periods[at - 1]
+            reasons.append(f"an average takes only {share:.0%} of a period")
+    sync_now = mode == GROUP and policy.drift_bound is not None and math.isfinite(drift) and drift > policy.drift_bound
+    if sync_now:
+        reasons.append(f"drift {drift:.3g} above {policy.drift_bound:g}")
+    return Decision(int(step), mode, int(period), bool(sync_now), compute, global_cost, group_cost, drift,
+                    gain, share, "; ".join(reasons) or "unchanged")
+
+
+def _median(values):
+    return float(np.median(values)) if values else float("nan")
+
+
+class AdaptiveState:
+    """One rank's adaptive policy at run time: the decision in force, this window's measurements, the step
+    of the schedule. Adapters call :meth:`action` for each step, :meth:`record` after it, and at a
+    :meth:`is_decision_step` gather :meth:`figures` from every rank and pass them to :meth:`conclude`.
+
+    Example (four ranks in one process, a global average that becomes slow)::
+
+        >>> p = AdaptivePolicy(decide_every=4, max_period=1)
+        >>> states = [AdaptiveState(p) for _ in range(4)]
+        >>> for step in range(8):
+        ...     kind = states[0].action(step)
+        ...     for s in states:
+        ...         s.record(kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1)
+        ...     if states[0].is_decision_step(step):
+        ...         gathered = np.concatenate([s.figures() for s in states])
+        ...         decisions = [s.conclude(step, gathered) for s in states]
+        >>> {(d.step, d.mode, d.period) for d in decisions}  # the same on every rank
+        {(7, 'group', 1)}
+    """
+
+    def __init__(self, policy, warmup_steps=0):
+        self.policy = policy
+        self.warmup_steps = warmup_steps
+        self.decision = initial_decision(policy)
+        self.group_averages = 0
+        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
+        self._drift = float("nan")
+
+    def _window(self, step):
+        return divmod(step - self.warmup_steps, self.policy.decide_every)
+
+    def action(self, step):
+        """What ``step`` does under the decision in force: BSP (warm-up), GLOBAL, GROUP or LOCAL."""
+        if step < self.warmup_steps:
+            return BSP
+        window, at = self._window(step)
+        period = self.decision.period
+        if (at + 1) % period:
+            return LOCAL
+        first = at + 1 == period
+        # The last two averages: the first of them brings the ranks, apart in time after group averages, together.
+        last_two = at + 1 > self.policy.decide_every - 2 * period
+        if self.decision.sync_now and first:
+            return GLOBAL
+        probe = window % self.policy.probe_every == 0
+        if self.decision.mode == GLOBAL:
+            return GROUP if probe and first else GLOBAL
+        return GLOBAL if probe and last_two else GROUP
+
+    def planned(self, start):
+        """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
+        force: what a traced step needs in advance (see :mod:`hvd_dssync.keras.sync`). No state changes."""
+        count, out = self.group_averages, []
+        for step in range(start, start + self.policy.decide_every):
+            kind = self.action(step)
+            out.append((kind, step if step < self.warmup_steps else self.warmup_steps + count))
+            count += kind == GROUP
+        return out
+
+    def schedule_step(self, step):
+        """The step of the schedule for ``step``: it advances once per group average, as in :class:`Policy`."""
+        return step if step < self.warmup_steps else self.warmup_steps + self.group_averages
+
+    def record(self, kind, seconds, compute_seconds=float("nan"), drift=float("nan")):
+        """Note one step: its kind, its averaging's seconds, its seconds outside the averaging, and the
+        relative distance of the models its average saw (NaN where not measured)."""
+        if kind == GROUP:
+            self.group_averages += 1
+        if kind in (GLOBAL, GROUP) and math.isfinite(seconds):
+            self._samples[kind].append(float(seconds))
+        if math.isfinite(compute_seconds):
+            self._samples["compute"].append(float(compute_seconds))
+        if math.isfinite(drift):
+            self._drift = drift if not math.isfinite(self._drift) else max(self._drift, drift)
+
+    def is_decision_step(self, step):
+        return step >= self.warmup_steps and self._window(step)[1] == self.policy.decide_every - 1
+
+    def figures(self):
+        """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array for an allgather."""
+        fewest = min(self._samples[GLOBAL], default=float("nan"))
+        return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift]],
+                        dtype=np.float64)
+
+    def conclude(self, step, gathered):
+        """Take the decision of every rank's ``gathered`` figures (concatenated rows), start a new window."""
+        previous = self.decision
+        self.decision = decide(gathered, previous, self.policy, step)
+        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
+        self._drift = float("nan")
+        changed = (self.decision.mode, self.decision.period) != (previous.mode, previous.period)
+        logger.log(logging.INFO if changed or self.decision.sync_now else logging.DEBUG,
+                   "hvd_dssync adaptive at step %d: %s averages every %d steps%s (%s); figures %s", step,
+                   self.decision.mode, self.decision.period, ", a global average first" if self.decision.sync_now
+                   else "", self.decision.reason, {k: getattr(self.decision, k) for k in FIGURES})
+        return self.decision
+
+    def state(self):
+        """Plain data for a checkpoint: the decision in force and the schedule's step."""
+        return {"decision": self.decision.as_dict(), "group_averages": self.group_averages}
+
+    def load(self, state):
+        self.decision = Decision(**state["decision"])
+        self.group_averages = int(state["group_averages"])
+        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
+        self._drift = float("nan")
+
+
+def drift_of(mean_square_norm, averaged_square_norm):
+    """The relative distance of a group's models before they were averaged, from two numbers every
+    member has after the average: the members' mean squared norm and the averaged model's squared norm.
+
+    ``mean_i |x_i|^2 - |mean x|^2`` is the mean squared distance to the mean, so the drift is its root over
+    ``|mean x|`` (float32 sums resolve about 3e-4). No communication.
+
+    Example::
+
+        >>> round(drift_of((1.0 + 9.0) / 2, 4.0), 3)   # models 1 and 3: mean 2, each 1 away
+        0.5
+    """
+    spread = max(float(mean_square_norm) - float(averaged_square_norm), 0.0)
+    return math.sqrt(spread) / max(math.sqrt(float(averaged_square_norm)), 1e-30)
+
+
+__all__ += ["initial_decision", "drift_of"]

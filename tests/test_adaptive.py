@@ -1,0 +1,171 @@
+"""The adaptive policy: decisions on recorded figures (no communication), and a real 4-rank job."""
+import math
+
+import numpy as np
+import pytest
+
+from hvd_dssync.adaptive import AdaptivePolicy, AdaptiveState, decide, drift_of, initial_decision
+from hvd_dssync.plan import SyncPlan, agreement_fields
+from hvd_dssync.policy import GLOBAL, GROUP, LOCAL
+
+from multirank import run
+
+NAN = float("nan")
+
+
+def rows(compute, global_seconds, group_seconds, drift=0.0, ranks=4):
+    return [[compute, global_seconds, group_seconds, drift]] * ranks
+
+
+def play(policy, timeline, start=None):
+    """Decide once per recorded window; ``timeline`` lists (compute, global, group, drift) per window."""
+    decision, out = start or initial_decision(policy), []
+    for window, figures in enumerate(timeline):
+        decision = decide(rows(*figures), decision, policy, (window + 1) * policy.decide_every - 1)
+        out.append(decision)
+    return out
+
+
+def test_switches_to_groups_when_a_link_slows_and_back_when_it_recovers():
+    p = AdaptivePolicy(decide_every=8, max_period=1)
+    fast, slow = (0.05, 0.010, 0.008), (0.05, 0.400, 0.010)
+    modes = [d.mode for d in play(p, [fast, fast, slow, slow, fast, fast])]
+    assert modes == [GLOBAL, GLOBAL, GROUP, GROUP, GLOBAL, GLOBAL]
+
+
+def test_hysteresis_keeps_a_mode_between_the_two_gains():
+    p = AdaptivePolicy(decide_every=8, max_period=1, enter_gain=0.3, leave_gain=0.1)
+    # A group average saves 20% of a period: not enough to leave global averages, nor to leave groups.
+    middle = (0.05, 0.0725, 0.05)
+    assert {d.mode for d in play(p, [middle] * 5)} == {GLOBAL}
+    grouped = initial_decision(p)._replace(mode=GROUP)
+    assert {d.mode for d in play(p, [middle] * 5, start=grouped)} == {GROUP}
+    # Noisy figures around the middle never flap.
+    rng = np.random.default_rng(0)
+    noisy = [(0.05, 0.0725 * rng.uniform(0.9, 1.1), 0.05 * rng.uniform(0.9, 1.1)) for _ in range(50)]
+    assert len({d.mode for d in play(p, noisy)}) == 1
+
+
+def test_period_grows_with_the_cost_of_an_average_and_shrinks_back():
+    p = AdaptivePolicy(decide_every=16, max_period=8)
+    costly, cheap = (0.01, 0.05, 0.05), (0.01, 0.001, 0.001)
+    periods = [d.period for d in play(p, [costly] * 4 + [cheap] * 4)]
+    assert periods == [2, 4, 8, 8, 4, 2, 1, 1]
+
+
+def test_the_slowest_rank_paces_and_missing_figures_keep_their_last_value():
+    p = AdaptivePolicy(decide_every=8, max_period=1)
+    # Rank 1 slow inside the global average: every rank waits for it, the rank arriving last included.
+    figures = [[0.05, 0.51, NAN, 0.0], [0.05, 0.50, NAN, 0.0], [0.08, 0.52, 0.01, 0.0], [0.05, 0.53, NAN, 0.0]]
+    first = decide(figures, initial_decision(p), p, 7)
+    assert (first.mode, first.global_seconds, first.group_seconds, first.compute_seconds) == (GROUP, 0.5, 0.01, 0.08)
+    second = decide([[0.05, NAN, 0.012, NAN]] * 4, first, p, 15)  # no global average measured this window
+    assert (second.mode, second.global_seconds) == (GROUP, 0.5)
+    # A probe after group averages: the ranks arrive at different times; the last to arrive measures the cost.
+    skewed = [[0.05, 0.30, 0.01, 0.0], [0.05, 0.20, 0.01, 0.0], [0.05, 0.012, 0.01, 0.0], [0.05, 0.1, 0.01, 0.0]]
+    assert decide(skewed, second, p, 23).mode == GLOBAL
+    unknown = decide([[0.05, 0.01, NAN, NAN]] * 4, initial_decision(p), p, 7)
+    assert unknown.mode == GLOBAL and math.isnan(unknown.gain)
+
+
+def test_drift_above_the_bound_starts_the_next_window_with_a_global_average():
+    p = AdaptivePolicy(decide_every=4, max_period=1, drift_bound=0.01, probe_every=100)
+    state = AdaptiveState(p)
+    state.decision = initial_decision(p)._replace(mode=GROUP)
+    for step in range(4):
+        kind = state.action(step)
+        state.record(kind, 0.5 if kind == GLOBAL else 0.01, 0.05, drift=0.02 if step == 2 else 0.001)
+    decision = state.conclude(3, np.concatenate([state.figures()] * 2))
+    assert decision.sync_now and "drift" in decision.reason
+    assert [state.action(t) for t in range(4, 8)] == [GLOBAL, GROUP, GROUP, GROUP]
+
+
+def test_probes_give_the_mode_not_in_use_fresh_figures():
+    p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
+    state = AdaptiveState(p, warmup_steps=1)
+    # Global averages: the first average of a probe window is a group average.
+    assert [state.action(t) for t in range(10)] == ["bsp", GROUP] + [GLOBAL] * 8
+    # Group averages every 2 steps: the last two averages of a probe window are global (the first brings
+    # the ranks together in time, the second measures the collective alone).
+    state.decision = state.decision._replace(mode=GROUP, period=2)
+    probe = [LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL, LOCAL, GLOBAL]
+    assert [state.action(t) for t in range(1, 25)] == probe + [LOCAL, GROUP] * 4 + probe
+    # The global figure is a rank's fewest seconds: the collective without the wait for late ranks.
+    for kind, seconds in ((GLOBAL, 0.3), (GLOBAL, 0.02), (GROUP, 0.01), (GROUP, 0.03), (GROUP, 0.02)):
+        state.record(kind, seconds, 0.05)
+    assert state.figures()[0, :3].tolist() == [0.05, 0.02, 0.02]
+
+
+def test_plan_follows_the_decisions_and_advances_the_schedule_once_per_group_average():
+    plan = SyncPlan(0, 4, schedule="butterfly", adaptive=AdaptivePolicy(decide_every=2, max_period=1).config())
+    plan.adaptive.decision = plan.adaptive.decision._replace(mode=GROUP)
+    groups = []
+    for step in range(2, 6):
+        action = plan.action(step)
+        groups.append(action.group)
+        plan.adaptive.record(action.kind, 0.01)
+    assert groups == [(0, 1), (0, 2), (0, 1), (0, 2)]
+    other = SyncPlan(0, 4, schedule="butterfly", adaptive=AdaptivePolicy(decide_every=4, max_period=1).config())
+    assert agreement_fields(plan)["adaptive"] != agreement_fields(other)["adaptive"]  # the ranks compare it
+    restored = SyncPlan(0, 4, schedule="butterfly", adaptive=plan.adaptive.policy.config())
+    restored.adaptive.load(plan.adaptive.state())
+    assert restored.action(6) == plan.action(6)
+
+
+def test_drift_from_norms():
+    models = np.array([[1.0, 2.0], [3.0, 2.0], [2.0, 5.0]])
+    mean = models.mean(axis=0)
+    exact = np.sqrt(((models - mean) ** 2).sum(axis=1).mean()) / np.linalg.norm(mean)
+    assert drift_of((models ** 2).sum(axis=1).mean(), (mean ** 2).sum()) == pytest.approx(exact)
+    assert drift_of(4.0, 4.0000001) == 0.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(decide_every=0), "Arg ``decide_every`` must be a positive integer"),
+    (dict(decide_every=12, max_period=8), "multiple of every period"),
+    (dict(enter_gain=0.1, leave_gain=0.2), "Arg ``leave_gain``"),
+    (dict(raise_share=1.5), "Arg ``raise_share`` must be a fraction"),
+    (dict(drift_bound=-1.0), "Arg ``drift_bound``"),
+])
+def test_bad_settings_name_the_argument(bad, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        AdaptivePolicy(**bad)
+
+
+def test_resolve():
+    assert AdaptivePolicy.resolve(None) is None and AdaptivePolicy.resolve("fixed") is None
+    assert AdaptivePolicy.resolve("adaptive", average_every=2).periods() == (2, 4, 8, 16)
+    with pytest.raises(ValueError, match="Arg ``policy``"):
+        AdaptivePolicy.resolve("sometimes")
+    with pytest.raises(ValueError, match="Arg ``global_every``"):
+        AdaptivePolicy.resolve("adaptive", global_every=4)
+
+
+def test_simulator_replays_a_changing_network(tmp_path):
+    from hvd_dssync.__main__ import main
+    from hvd_dssync.simulate import parse_rate_changes, replay_adaptive
+
+    changes = parse_rate_changes("t=30:inter=2,t=80:inter=40")
+    out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
+                          policy=AdaptivePolicy(decide_every=16))
+    switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
+    assert switches == [(111, GROUP), (207, GLOBAL)]
+    assert out["seconds"]["adaptive"] < out["seconds"]["global"]
+    timetable = tmp_path / "rates.json"
+    timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')
+    assert parse_rate_changes(str(timetable)) == changes
+    for bad in ("t=1", "inter=4", "t=1:inter=0", "t=1:wan=3", "t=a:inter=1"):
+        with pytest.raises(ValueError, match="Arg ``rate_changes``"):
+            parse_rate_changes(bad)
+    assert main(["simulate", "--adaptive", "--workers", "16", "--steps", "64", "--decide-every", "16",
+                 "--rate-change", "t=5:inter=0.5"]) == 0
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_every_rank_switches_at_the_same_step(framework):
+    """Global averages slowed by one rank for 32 steps: groups at the same step everywhere, and back."""
+    output = run("gloo", 4, "adaptive.py", framework, timeout=300)
+    assert output.count("all checks passed") == 4, output
+    if framework == "torch":
+        assert output.count("resumed alike") == 4, output
