@@ -145,7 +145,6 @@ def _make_contender(name, model, config, rank, size):
                                            seed=config["seed"], warmup_steps=warmup,
                                            outer_momentum=OUTER_MOMENTUM.get(name, 0.0), overlap=name in OVERLAP,
                                            policy=POLICY.get(name), **kwargs)
-                                           **kwargs)
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt, Comm("horovod"), sync
