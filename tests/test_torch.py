@@ -66,6 +66,13 @@ def test_scripts_written_for_horovod(launcher, np):
     assert output.count("all checks passed") == np, output
 
 
+def test_sparse_embedding_averaging_equals_dense():
+    """Embedding tables averaged over the rows in play equal dense averaging step by step (pairs, warm-up,
+    global averages, a checkpoint), for far fewer bytes; optimizers that move unreported rows go dense."""
+    output = run("gloo", 4, "torch_sparse.py", timeout=300)
+    assert output.count("all checks passed") == 4, output
+
+
 @pytest.mark.parametrize("launcher,init", [("gloo", "dynamic"), ("mpi", "static")])
 def test_process_sets_and_fp16_compression(launcher, init):
     """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps

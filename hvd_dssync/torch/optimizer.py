@@ -30,6 +30,7 @@ from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_pa
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
+from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
 
@@ -137,7 +138,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model,
-                 average_buffers, overlap, scope, outer_momentum=0.0):
+                 average_buffers, overlap, scope, outer_momentum=0.0, sparse_average=True):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -170,6 +171,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.sync_step = 0
         self.last_sync = None
         self._step_ended = None  # when the last step() returned, for the adaptive policy's compute time
+        # Sparse averaging of embedding tables (see hvd_dssync.sparse): which tables is agreed at the first
+        # step after the warm-up; until then every rank's model is the same.
+        self._sparse_average = sparse_average and not overlap and compression is hvd.Compression.none
+        self._sparse_tables = None  # {name: parameter} once agreed
+        self._row_sets = None
+        self._loaded_rows = None  # sets from load_state_dict(), applied when the tables are agreed
         self._drift = float("nan")
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
@@ -202,6 +209,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             warnings.warn(SYNCHRONIZE_WARNING)
         action = self._plan.action(self.sync_step)
         self._drift = float("nan")
+        if self._sparse_tables is None and self._sparse_average and action.kind != BSP:
+            self._agree_on_sparse_tables()
         with self._amp_scaling() as (grad_scale, found_inf):
             if action.kind == BSP:
                 if self._should_synchronize:
@@ -211,9 +220,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                     # whether or not GradScaler looked before or after they were averaged.
                     found_inf = self._gradients_overflow()
                 loss = self._local_update(closure, grad_scale, found_inf)
+                self._note_changed_rows()
                 self._record(action, 0.0, 0)
             else:
                 loss = self._local_update(closure, grad_scale, found_inf)
+                self._note_changed_rows()
                 self._average_model(action)
         if self._plan.adaptive is not None:
             self._adapt(action)
@@ -273,6 +284,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                            "arguments": _portable(self._plan_arguments)}
         if self._plan.adaptive is not None:
             state["dssync"]["adaptive"] = self._plan.adaptive.state()
+        if self._sparse_average:
+            # None: no sets yet, every rank's model is the same; else this rank's rows that may differ.
+            state["dssync"]["sparse_rows"] = None if self._row_sets is None else \
+                {name: torch.from_numpy(rows) for name, rows in self._row_sets.state_dict().items()}
         if self._outer is not None:
             state["dssync"]["outer"] = {"anchors": [a.clone() for a in self._outer[0]],
                                         "momentum": [m.clone() for m in self._outer[1]]}
@@ -304,6 +319,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                 self._plan.adaptive.load(saved["adaptive"])
             outer = saved.get("outer")
             self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
+            # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.
+            rows = saved.get("sparse_rows", {})
+            self._loaded_rows = None if rows is None else {k: torch.as_tensor(v).numpy() for k, v in rows.items()}
+            if self._sparse_tables is not None:
+                self._start_row_sets()
         self._synchronized = False
         super(self.__class__, self).load_state_dict(state_dict)
 
@@ -357,6 +377,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """
         self._pending = None
         self._reference = None
+        # Elastic Horovod has just broadcast rank 0's model to every rank: no row differs, and the
+        # newcomers agree on the sparse tables with the others at the next averaging step.
+        self._sparse_tables = self._row_sets = self._loaded_rows = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
@@ -435,10 +458,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             hvd.allreduce_(torch.zeros(1), name=f"{self._name}.alone", op=hvd.Sum, process_set=process_set)
             self._record(action, 0.0, 0)
             return
-        tensors = [t.data for _, t in self._averaged_tensors()]
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        sent_bytes = ring_allreduce_bytes(len(action.group), nbytes)
+        named = [(n, t.data) for n, t in self._averaged_tensors()]
         name = f"{self._name}.{action.kind}.{process_set.process_set_id}"
+        writes, gathered_bytes = [], 0
+        if self._row_sets is not None:
+            with self._bounded(action, self.sync_step):
+                named, writes, gathered_bytes = self._rows_to_average(named, action, process_set, name)
+        tensors = [t for _, t in named]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
         # Rides along, uncompressed, so that the members find out if they are at different steps.
         signature = _signature(self.sync_step, tensors)
         started = time.perf_counter()
@@ -458,8 +486,92 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             else:
                 sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
+        with torch.no_grad():
+            for table, index, rows in writes:
+                table.index_copy_(0, index, rows)
+        if self._row_sets is not None and action.kind == GLOBAL:
+            self._row_sets.clear()
         self._outer_step()
-        self._record(action, time.perf_counter() - started, sent_bytes)
+        self._record(action, time.perf_counter() - started, sent_bytes,
+                     sparse_rows=sum(len(index) for _, index, _ in writes))
+
+    # --- sparse averaging of embedding tables (hvd_dssync.sparse) -----------------------------
+
+    def _agree_on_sparse_tables(self):
+        """Agree with every rank of the scope on the tables averaged sparsely (one small allreduce, once).
+
+        A table qualifies if some rank saw a sparse gradient for it and no rank's optimizer can change rows
+        outside what :meth:`_changed_rows` reports. Ranks whose table got no gradient this step still
+        agree, since the flags are reduced with max.
+        """
+        params = [p for _, p in self._named_parameters]
+        seen = [float(p.grad is not None and p.grad.is_sparse) for p in params]
+        unsupported = [float(s and self._changed_rows(p) is None) for s, p in zip(seen, params)]
+        flags = hvd.allreduce(torch.tensor(seen + unsupported), name=f"{self._name}.sparse", op=hvd.Max,
+                              process_set=self.process_set)
+        n = len(params)
+        self._sparse_tables = {name: p for k, (name, p) in enumerate(self._named_parameters)
+                               if flags[k] and not flags[n + k]}
+        skipped = [name for k, (name, _) in enumerate(self._named_parameters) if flags[k] and flags[n + k]]
+        if skipped:
+            warnings.warn(f"hvd_dssync: {', '.join(skipped)} averaged densely: sparse averaging needs an optimizer "
+                          "that changes only the rows it reports (SGD, SparseAdam, Adagrad), not "
+                          f"{type(self).__name__} with these settings.")
+        self._start_row_sets()
+
+    def _start_row_sets(self):
+        if not self._sparse_tables:
+            self._row_sets = None
+            return
+        self._row_sets = RowSets({name: p.shape[0] for name, p in self._sparse_tables.items()})
+        if self._loaded_rows is not None:
+            self._row_sets.load_state_dict(self._loaded_rows)
+
+    def _changed_rows(self, p):
+        """Rows of table ``p`` that this step's update may have changed, or None if the optimizer can change
+        others. Read after the step: SGD with momentum moves every row still in its (sparse) buffer."""
+        group = next(g for g in self.param_groups if any(q is p for q in g["params"]))
+        if isinstance(self, torch.optim.SGD) and not group.get("weight_decay"):
+            if not group.get("momentum"):
+                return _gradient_rows(p)
+            buffer = self.state.get(p, {}).get("momentum_buffer")
+            if buffer is None:
+                return _gradient_rows(p)
+            return buffer.coalesce().indices()[0].numpy() if buffer.is_sparse else None
+        if isinstance(self, (torch.optim.SparseAdam, torch.optim.Adagrad)) and not group.get("weight_decay"):
+            return _gradient_rows(p)
+        return None
+
+    def _note_changed_rows(self):
+        if self._row_sets is None:
+            return
+        for name, p in self._sparse_tables.items():
+            rows = self._changed_rows(p)
+            if rows is not None and len(rows):
+                self._row_sets.touch(name, rows)
+
+    def _rows_to_average(self, named, action, process_set, name):
+        """Gather the group's row sets; put in place of each sparse table the rows of the union (or the whole
+        table where that is cheaper). Returns the tensors to average, the ``(table, index, rows)`` to write back
+        after the average, and the bytes the gathering sent. Every member adopts the union."""
+        mine = torch.from_numpy(pack_rows(self._row_sets))
+        gathered = hvd.allgather(mine, name=f"{name}.rows", process_set=process_set)
+        gathered_bytes = allgather_bytes(len(action.group), gathered.numel() * gathered.element_size())
+        unions = unpack_unions(gathered.numpy(), self._row_sets.tables)
+        out, writes = [], []
+        for tensor_name, tensor in named:
+            union = unions.get(tensor_name)
+            if union is None or average_densely(len(union), tensor.shape[0]):
+                out.append((tensor_name, tensor))
+            elif len(union):
+                index = torch.from_numpy(union)
+                rows = tensor.index_select(0, index)
+                out.append((tensor_name, rows))
+                writes.append((tensor, index, rows))
+            # an empty union: the table is equal on every member, nothing to send
+        for table, union in unions.items():
+            self._row_sets.adopt(table, union)
+        return out, writes, gathered_bytes
 
     # --- the adaptive policy ------------------------------------------------------------------
 
@@ -568,6 +680,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                 p.grad = torch.zeros_like(p)
             elif p.grad.is_sparse and not self.sparse_as_dense:
                 raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
+        sparse_dims = [p.grad.sparse_dim() if p.grad.is_sparse else None for p in params]
         grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
         prescale, postscale = 1.0, 1.0
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
@@ -583,10 +696,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                                                         process_set=self.process_set)
         self._check_steps(signature * (self._scope.world_size if self.op == hvd.Average else 1), action,
                           self.process_set, self.sync_step)
-        for p, g, r, (_, ctx) in zip(params, grads, reduced, compressed):
+        for p, g, r, (_, ctx), sparse_dim in zip(params, grads, reduced, compressed, sparse_dims):
             g.copy_(self._compression.decompress(r, ctx))
-            if p.grad.is_sparse:
-                p.grad = g.to_sparse()
+            if sparse_dim is not None:
+                # The layout the optimizer saw before (an embedding's rows), or its sparse momentum buffer
+                # could not add the gradients of later steps.
+                p.grad = g.to_sparse(sparse_dim)
 
     def _check_steps(self, sums, action, process_set, step):
         """Raise on every member if the members of ``action``'s group were at different steps.
@@ -614,9 +729,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._watchdog.wait_for_shutdown()
             raise RuntimeError(self._watchdog.expired) from e
 
-    def _record(self, action, seconds, nbytes):
+    def _record(self, action, seconds, nbytes, sparse_rows=0):
         self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": self._scope.to_global(action.group),
                           "seconds": seconds, "bytes_sent": nbytes}
+        if self._row_sets is not None:
+            self.last_sync.update(sparse_rows=sparse_rows, row_set=self._row_sets.total())
 
     def _check_ranks_agree(self, with_step=False):
         """One allgather of the configuration: every rank raises the same error, naming what differs.
@@ -630,6 +747,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self.process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
         return ranks[0]["step"] if with_step else self.sync_step
+
+
+def _gradient_rows(p):
+    return p.grad.coalesce().indices()[0].numpy() if p.grad is not None and p.grad.is_sparse else None
 
 
 def _signature(step, tensors):
@@ -672,7 +793,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
-                         overlap=False, schedule_options=None, outer_momentum=0.0, policy=None):
+                         overlap=False, schedule_options=None, outer_momentum=0.0, policy=None,
+                         sparse_average=True):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``hvd.DistributedOptimizer``: it takes the same arguments and returns an instance of
@@ -722,6 +844,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             choose together, every ``decide_every`` steps, between global and group averages and the period
             (from ``average_every`` up); ``global_every`` must be 0. Each decision is in
             ``last_sync["decision"]`` at the step that took it, and in the checkpoint.
+        sparse_average: average embedding tables whose gradients are sparse (``nn.Embedding(...,
+            sparse=True)``, ``nn.EmbeddingBag``) over only the rows that can differ between the members
+            (:mod:`hvd_dssync.sparse`): the same result as a dense average, at a cost proportional to the
+            rows in play. ``last_sync["sparse_rows"]`` counts the rows averaged so, ``last_sync["row_set"]``
+            this rank's rows in play. Needs an optimizer that changes only the rows it reports (SGD,
+            SparseAdam, Adagrad); off with ``overlap=True`` or a lossy ``compression``. False: dense.
 
     Example::
 
@@ -772,4 +900,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set if in_process_set else hvd.global_process_set,
-               plan, plan_arguments, model, average_buffers, overlap, scope, float(outer_momentum))
+               plan, plan_arguments, model, average_buffers, overlap, scope, float(outer_momentum),
+               bool(sparse_average))
