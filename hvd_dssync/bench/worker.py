@@ -32,14 +32,16 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local": ("topology", True),
     "dssync-topology-local-momentum": ("topology", True),
     "dssync-topology-local-overlap": ("topology", True),
-    "dssync-adaptive": ("topology", False),
+    "dssync-adaptive": ("topology", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
-POLICY = {"dssync-adaptive": "adaptive"}
+# It starts from the local-step contenders' period and decides every 16 steps, so that a run of a few
+# hundred steps sees it decide several times.
+POLICY = {"dssync-adaptive": {"decide_every": 16}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
@@ -131,6 +133,7 @@ def _make_contender(name, model, config, rank, size):
     if name.startswith("dssync-") or name == "horovod-bsp":
         import horovod.torch as hvd
         import hvd_dssync.torch as dss
+        from hvd_dssync.adaptive import AdaptivePolicy
 
         if name == "horovod-bsp":
             hvd.init()
@@ -144,7 +147,8 @@ def _make_contender(name, model, config, rank, size):
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
                                            outer_momentum=OUTER_MOMENTUM.get(name, 0.0), overlap=name in OVERLAP,
-                                           policy=POLICY.get(name), **kwargs)
+                                           policy=AdaptivePolicy(**POLICY[name]) if name in POLICY else None,
+                                           **kwargs)
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt, Comm("horovod"), sync
