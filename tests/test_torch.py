@@ -73,6 +73,15 @@ def test_sparse_embedding_averaging_equals_dense():
     assert output.count("all checks passed") == 4, output
 
 
+def test_sparse_benchmark_example_runs():
+    """examples/pytorch_sparse_benchmark.py, tiny, on 2 ranks: every variant trains and reports its bytes."""
+    output = run("gloo", 2, f"{ROOT}/examples/pytorch_sparse_benchmark.py", "--rows", 26000, "--steps", 8,
+                 timeout=300)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:] for line in output.splitlines() if line.count("|") == 6}
+    assert {"horovod-sparse", "horovod-sparse-as-dense", "dssync-dense", "dssync-sparse"} <= set(rows), output
+    assert float(rows["dssync-sparse"][1]) < float(rows["dssync-dense"][1]), output
+
+
 @pytest.mark.parametrize("launcher,init", [("gloo", "dynamic"), ("mpi", "static")])
 def test_process_sets_and_fp16_compression(launcher, init):
     """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps
