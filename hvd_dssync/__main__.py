@@ -155,10 +155,7 @@ def _run_adaptive(args, parser):
                   f"{d['group_seconds'] * 1e3:.4g} | {d['reason']} |")
     print("\n" + ", ".join(f"{k}: {v:.1f} s" for k, v in out["seconds"].items()) + f" for {args.steps} steps")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"\nwrote {args.json}")
+        _write_json(args.json, out)
     return 0
 
 
@@ -178,11 +175,15 @@ def _run_simulate(args, parser):
           f"link figures are means over {args.steps} steps.\n")
     print(format_table(rows))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"\nwrote {args.json}")
+        _write_json(args.json, rows)
     return 0
+
+
+def _write_json(path, payload):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"\nwrote {path}")
 
 
 # Distributions that install each module: TensorFlow ships under several names (the venv has tensorflow-cpu).
