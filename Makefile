@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core bench bench-loopback simulate docs-check clean
+.PHONY: setup demo test test-core bench bench-loopback bench-sparse simulate docs-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -23,6 +23,9 @@ bench: setup
 
 bench-loopback: setup
 	$(PY) scripts/loopback_bench.py --np 4 --params 1
+
+bench-sparse: setup
+	$(PY) scripts/sparse_bench.py --ranks 4 --racks 2
 
 simulate: setup
 	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096
