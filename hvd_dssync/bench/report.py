@@ -179,7 +179,7 @@ def _adaptive_target(scenario, adaptive, fixed):
         met = t is not None and (t_best is None or t <= 1.1 * t_best)
     figures = ("never" if t is None else f"{t:.1f} s") + f" vs {best['contender']} " + \
         ("never" if t_best is None else f"{t_best:.1f} s")
-    return f"{scenario}: {ADAPTIVE} {what}", met, figures
+    return f"{scenario}: {adaptive['contender']} {what}", met, figures
 
 
 def _mean_step(row):
@@ -237,12 +237,12 @@ def targets(rows):
                             _mean_step(row) <= _mean_step(bsp),
                             f"mean step {_mean_step(row):.3f} s vs BSP {_mean_step(bsp):.3f} s (median "
                             f"{row['median_step_s']:.3f} s vs {bsp['median_step_s']:.3f} s)"))
-        adaptive = next((r for r in here if r["contender"] == ADAPTIVE), None)
         # What a user of the product could fix in advance instead of letting the adaptive policy choose.
         fixed = [r for r in here if r["contender"] == "horovod-bsp" or _is_dssync(r["contender"])
-                 and r["contender"] != ADAPTIVE]
-        if adaptive is not None and fixed:
-            out.append(_adaptive_target(scenario, adaptive, fixed))
+                 and not r["contender"].startswith(ADAPTIVE)]
+        for adaptive in (r for r in here if r["contender"].startswith(ADAPTIVE)):
+            if fixed:
+                out.append(_adaptive_target(scenario, adaptive, fixed))
         if scenario == "static":
             for row in dssync:
                 if row["sync_to_link_bound"]:
