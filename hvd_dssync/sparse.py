@@ -124,8 +124,12 @@ def unpack_unions(gathered, tables):
         >>> {name: rows.tolist() for name, rows in unions.items()}
         {'a': [2], 'b': [0, 3]}
     """
-    ids = np.unique(np.asarray(gathered, dtype=np.int64))
-    ids = ids[ids >= 0]
+    # A mask over every table's rows, not a sort: linear in the tables, and several times faster for the
+    # hundreds of thousands of ids a group gathers.
+    seen = np.zeros(sum(tables.values()), dtype=bool)
+    gathered = np.asarray(gathered, dtype=np.int64)
+    seen[gathered[gathered >= 0]] = True
+    ids = np.flatnonzero(seen)
     out, start = {}, 0
     for name, rows in tables.items():
         lo, hi = np.searchsorted(ids, [start, start + rows])
