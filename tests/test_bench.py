@@ -68,6 +68,7 @@ def test_loopback_local_steps_and_a_straggler_reach_the_record():
         record = run_contender(bed, "dssync-local", config, timeout=60)
     assert record["steps"] == 6 and sum(record["step_kinds"].values()) == 6
     assert record["step_kinds"]["local"] == 4, record["step_kinds"]
+    assert record["kind_of_step"] == ["local", "local", "group"] * 2, record["kind_of_step"]
     assert record["slowed_seconds"] == pytest.approx(6 * 0.05)
     assert min(record["step_times"]) >= 0.05
     row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_changes": []}, config)

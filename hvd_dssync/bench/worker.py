@@ -249,7 +249,7 @@ def run(config):
     # together, and a slow host stays slow whatever training does meanwhile.
     training_started = time.perf_counter()
     step_times, sync_times, curve, losses = [], [], [], []
-    kinds, slowed_seconds = {}, 0.0
+    kinds, kind_of_step, slowed_seconds = {}, [], 0.0
     train_clock = 0.0
     loss_value = float("nan")
     for step in range(config["steps"]):
@@ -270,6 +270,7 @@ def run(config):
         if last_sync:
             kind, seconds = last_sync()
             kinds[kind] = kinds.get(kind, 0) + 1
+            kind_of_step.append(kind)
             sync_times.append(seconds)
         else:
             sync_times.append(max(0.0, elapsed - compute_seconds))
@@ -296,7 +297,7 @@ def run(config):
         "step_times": step_times, "sync_times": sync_times, "curve": curve,
         "local_accuracy": local_accuracy, "final_loss": final_loss, "final_accuracy": final_accuracy,
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
-        "step_kinds": kinds, "slowed_seconds": slowed_seconds,
+        "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
     }
     if rank == 0:
         with open(config["out"], "w") as f:
