@@ -139,6 +139,24 @@ class SyncPlan:
             return Action(LOCAL, (self.rank,))
         return Action(kind, self.world)
 
+    def partition(self, step):
+        """Every group that averages at ``step``, on any rank: the schedule's partition, all ranks together for
+        a bulk-synchronous or global step, none for a local step. Where knowledge carried by the averages
+        spreads (:mod:`hvd_dssync.join`).
+
+        Example::
+
+            >>> plan = SyncPlan(rank=0, world_size=4, schedule="butterfly", average_every=2)
+            >>> [plan.partition(t) for t in range(4)]
+            [(), ((0, 1), (2, 3)), (), ((0, 2), (1, 3))]
+        """
+        kind = (self.adaptive or self.policy).action(step)
+        if kind == GROUP:
+            return self.schedule.groups(self._schedule_step(step))
+        if kind == LOCAL:
+            return ()
+        return (self.world,)
+
     def window_change(self, step):
         """``(acquire, release)`` group lists when ``step`` enters a new window, else ``None``.
 

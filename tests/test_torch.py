@@ -66,6 +66,14 @@ def test_scripts_written_for_horovod(launcher, np):
     assert output.count("all checks passed") == np, output
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_uneven_data_with_hvd_join(launcher):
+    """Horovod's recipe for uneven data: ranks that run out of batches call hvd.join(), keep averaging with
+    their groups, and every rank leaves at the same step, over two epochs and three configurations."""
+    output = run(launcher, 4, "torch_join.py", timeout=240)
+    assert output.count("all checks passed") == 4, output
+
+
 def test_sparse_embedding_averaging_equals_dense():
     """Embedding tables averaged over the rows in play equal dense averaging step by step (pairs, warm-up,
     global averages, a checkpoint), for far fewer bytes; optimizers that move unreported rows go dense."""

@@ -13,13 +13,20 @@ Example::
     ...
     dss.synchronize_models(model)
 """
+import horovod.torch
+
 from ..process_sets import enable_dynamic_process_sets
 
 enable_dynamic_process_sets()
 
 from .functions import (add_process_set_groups, consensus_distance, init, job_topology, probe_topology,  # noqa: E402
                         synchronize_models)
-from .optimizer import DistributedOptimizer  # noqa: E402
+from .optimizer import DistributedOptimizer, join  # noqa: E402
+
+# Horovod's recipe for uneven data, hvd.join(), keeps working unchanged: ranks that run out of data must go on
+# averaging with their groups under DS-Sync, so hvd.join is DS-Sync's from here on (Horovod's own without a
+# DS-Sync optimizer in training).
+horovod.torch.join = join
 
 __all__ = ["DistributedOptimizer", "synchronize_models", "consensus_distance", "job_topology", "probe_topology",
-           "init", "add_process_set_groups"]
+           "init", "add_process_set_groups", "join"]

@@ -21,11 +21,13 @@ import warnings
 import weakref
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
 from ..adaptive import AdaptivePolicy, drift_of
 from ..guards import check_nccl_process_sets, describe_step_drift, step_signature, steps_differ
+from ..join import JoinState
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
@@ -33,6 +35,7 @@ from ..scope import acquire_registered, scope_of
 from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, process_watchdog
+from . import collectives
 
 __all__ = ["DistributedOptimizer"]
 
@@ -44,7 +47,11 @@ EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
 # that set, the same on every member (ranks outside a set build none of its optimizers), so that two
 # optimizers' averages in flight at once never share an op name.
 _construction_order = collections.defaultdict(itertools.count)
+_constructions = itertools.count()
+# Every optimizer's step() calls, counted together: the order in which a training loop steps its optimizers.
+_step_ticks = itertools.count()
 # Horovod's warning, word for word, so that scripts see what they know.
+SIGNATURE_LENGTH = len(step_signature(0))
 SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
                        "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
                        "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
@@ -157,6 +164,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._average_buffers = average_buffers
         self._overlap = overlap
         set_id = process_set.process_set_id
+        self._constructed = next(_constructions)
         self._name = f"dssync.{next(_construction_order[set_id])}" if set_id == 0 else \
             f"dssync.set{set_id}.{next(_construction_order[set_id])}"
         self._scope = scope
@@ -171,6 +179,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.sync_step = 0
         self.last_sync = None
         self._step_ended = None  # when the last step() returned, for the adaptive policy's compute time
+        # When step() was last called and the time before, counted in calls to any optimizer's step(): which
+        # optimizers a training iteration steps, and in what order (join()).
+        self._step_tick = self._previous_tick = None
+        self._joins = JoinState(scope.world_size)  # ranks known to have run out of data (hvd_dssync.join)
         # Sparse averaging of embedding tables (see hvd_dssync.sparse): which tables is agreed at the first
         # step after the warm-up; until then every rank's model is the same.
         self._sparse_average = sparse_average and not overlap and compression is hvd.Compression.none
@@ -204,33 +216,62 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             # hvd.broadcast_optimizer_state fills empty state with a zero-gradient step on every
             # rank; it is no training step, so it neither averages nor advances the schedule.
             return super(self.__class__, self).step(closure)
+        self._previous_tick, self._step_tick = self._step_tick, next(_step_ticks)
+        return self._take_step(closure)
+
+    def _take_step(self, closure=None, serving=False):
+        """One step of the plan. ``serving``: this rank has run out of data (``hvd.join()``): it takes part in
+        the step's communication with its model as it is, and updates nothing."""
         self._settle_step()
-        if self._should_synchronize and self._synchronized:
+        if self._should_synchronize and self._synchronized and not serving:
             warnings.warn(SYNCHRONIZE_WARNING)
         action = self._plan.action(self.sync_step)
         self._drift = float("nan")
         if self._sparse_tables is None and self._sparse_average and action.kind != BSP:
             self._agree_on_sparse_tables()
+        loss = None
         with self._amp_scaling() as (grad_scale, found_inf):
             if action.kind == BSP:
-                if self._should_synchronize:
+                if serving:  # as under Horovod's join, a joined rank's gradients count as zeros
+                    for _, p in self._named_parameters:
+                        p.grad = None
+                    self._synchronized = False
+                if self._should_synchronize or serving:
                     self.synchronize()
                 if found_inf is not None:
                     # The gradients are the same on every rank now, so the skip is too (Horovod's behaviour),
                     # whether or not GradScaler looked before or after they were averaged.
                     found_inf = self._gradients_overflow()
-                loss = self._local_update(closure, grad_scale, found_inf)
-                self._note_changed_rows()
+                if not serving:
+                    loss = self._local_update(closure, grad_scale, found_inf)
+                    self._note_changed_rows()
                 self._record(action, 0.0, 0)
             else:
-                loss = self._local_update(closure, grad_scale, found_inf)
-                self._note_changed_rows()
+                if not serving:
+                    loss = self._local_update(closure, grad_scale, found_inf)
+                    self._note_changed_rows()
                 self._average_model(action)
+        if serving:
+            self.finish_pending()  # what the average carried must be known at the end of the step
         if self._plan.adaptive is not None:
             self._adapt(action)
         self._synchronized = False
         self.sync_step += 1
         return loss
+
+    def _check_joinable(self):
+        if self._plan.adaptive is not None:
+            raise RuntimeError("hvd_dssync: hvd.join() is not supported with policy='adaptive': its future steps "
+                               "depend on figures not measured yet, so the ranks could not agree when to leave.")
+        if self._in_process_set():
+            raise RuntimeError("hvd_dssync: hvd.join() joins the whole job, but this optimizer trains inside a "
+                               "process set; make every rank take the same number of steps instead.")
+
+    def _serve(self):
+        """One step with this rank's model as it is (it has joined); ``True`` once every rank has left."""
+        self._take_step(serving=True)
+        leave = self._joins.leave_step(self._plan.partition)
+        return leave is not None and self.sync_step > leave
 
     def synchronize(self):
         """Average the gradients over all ranks now, during a bulk-synchronous warm-up step.
@@ -269,7 +310,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         handle, tensors, sent, received, signature, action, step, process_set, started, nbytes = self._pending
         self._pending = None
         with self._bounded(action, step):
-            hvd.synchronize(handle)
+            collectives.wait(handle)
         self._check_steps(signature * len(action.group), action, process_set, step)
         with torch.no_grad():
             for tensor, before, averaged in zip(tensors, sent, received):
@@ -384,6 +425,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._world_check_pending = False
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
+        self._joins = JoinState(self._scope.world_size)
         adaptive = self._plan.adaptive
         self._plan = _make_plan(arguments, self._scope)
         if adaptive is not None:
@@ -452,10 +494,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._record(action, 0.0, 0)
             return
         if len(action.group) == 1:
-            # Nobody to average with, so the model stays put; one tiny op on this rank's own set all the same,
-            # since Horovod names a user's unnamed ops by counting every op of the process: every rank must
-            # issue as many ops as the others.
-            hvd.allreduce_(torch.zeros(1), name=f"{self._name}.alone", op=hvd.Sum, process_set=process_set)
+            # Nobody to average with, so the model stays put; tiny ops on this rank's own set all the same,
+            # as many as a group's members issue (sparse averaging gathers the row sets first), since Horovod
+            # names a user's unnamed ops by counting every op of the process: every rank must issue as many
+            # ops as the others.
+            for k in range(1 if self._row_sets is None else 2):
+                collectives.allreduce_(torch.zeros(1), name=f"{self._name}.alone.{k}", op=hvd.Sum,
+                                       process_set=process_set)
             self._record(action, 0.0, 0)
             return
         named = [(n, t.data) for n, t in self._averaged_tensors()]
@@ -468,7 +513,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
         # Rides along, uncompressed, so that the members find out if they are at different steps.
-        signature = _signature(self.sync_step, tensors)
+        signature = self._signature(tensors)
         started = time.perf_counter()
         if self._overlap:
             sent = [t.detach().clone() for t in tensors]
@@ -482,7 +527,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             if self._compression is hvd.Compression.none and self._plan.adaptive is not None:
                 signature = self._average_measuring_drift(tensors, signature, name, process_set)
             elif self._compression is hvd.Compression.none:
-                hvd.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
+                collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average,
+                                               process_set=process_set)
             else:
                 sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         self._check_steps(signature * len(action.group), action, process_set, self.sync_step)
@@ -555,7 +601,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         table where that is cheaper). Returns the tensors to average, the ``(table, index, rows)`` to write back
         after the average, and the bytes the gathering sent. Every member adopts the union."""
         mine = torch.from_numpy(pack_rows(self._row_sets))
-        gathered = hvd.allgather(mine, name=f"{name}.rows", process_set=process_set)
+        gathered = collectives.allgather(mine, name=f"{name}.rows", process_set=process_set)
         gathered_bytes = allgather_bytes(len(action.group), gathered.numel() * gathered.element_size())
         unions = unpack_unions(gathered.numpy(), self._row_sets.tables)
         out, writes = [], []
@@ -580,7 +626,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         collective), so that the members learn how far apart their models were (:func:`drift_of`)."""
         square = sum(float(t.double().pow(2).sum()) for t in tensors)
         carried = torch.cat([signature, torch.tensor([square], dtype=signature.dtype)])
-        hvd.grouped_allreduce_(tensors + [carried], name=name, op=hvd.Average, process_set=process_set)
+        collectives.grouped_allreduce_(tensors + [carried], name=name, op=hvd.Average, process_set=process_set)
         self._drift = drift_of(float(carried[-1]), sum(float(t.double().pow(2).sum()) for t in tensors))
         return carried[:-1]
 
@@ -622,9 +668,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         tensors = [t.data for _, t in self._averaged_tensors()]
         started = time.perf_counter()
         everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+        signature = self._signature(tensors)
         with self._bounded(everyone, self.sync_step):
-            hvd.grouped_allreduce_(tensors, name=f"{self._name}.reference.{self.process_set.process_set_id}",
-                                   op=hvd.Average, process_set=self.process_set)
+            collectives.grouped_allreduce_(tensors + [signature],
+                                           name=f"{self._name}.reference.{self.process_set.process_set_id}",
+                                           op=hvd.Average, process_set=self.process_set)
+        self._check_steps(signature * self._scope.world_size, everyone, self.process_set, self.sync_step)
         self._reference = [t.detach().clone() for t in tensors]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(self._scope.world_size, nbytes))
@@ -642,8 +691,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         compression = self._compression
         differences = [t - r for t, r in zip(tensors, self._reference)]
         compressed, contexts = zip(*(compression.compress(d) for d in differences))
-        *averaged, signature = hvd.grouped_allreduce(list(compressed) + [signature], name=name, op=hvd.Average,
-                                                     process_set=process_set)
+        *averaged, signature = collectives.grouped_allreduce(list(compressed) + [signature], name=name,
+                                                             op=hvd.Average, process_set=process_set)
         for t, r, d, c, a, ctx in zip(tensors, self._reference, differences, compressed, averaged, contexts):
             received = compression.decompress(a, ctx)
             t.copy_(r + received + (d - compression.decompress(c, ctx)))
@@ -688,12 +737,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             postscale = self.gradient_predivide_factor
         compressed = [self._compression.compress(g) for g in grads]
         action = self._plan.action(self.sync_step)
-        signature = _signature(self.sync_step, grads)
+        signature = self._signature(grads)
         with self._bounded(action, self.sync_step):
-            *reduced, signature = hvd.grouped_allreduce([c for c, _ in compressed] + [signature],
-                                                        name=f"{self._name}.bsp", op=self.op,
-                                                        prescale_factor=prescale, postscale_factor=postscale,
-                                                        process_set=self.process_set)
+            *reduced, signature = collectives.grouped_allreduce([c for c, _ in compressed] + [signature],
+                                                                name=f"{self._name}.bsp", op=self.op,
+                                                                prescale_factor=prescale, postscale_factor=postscale,
+                                                                process_set=self.process_set)
         self._check_steps(signature * (self._scope.world_size if self.op == hvd.Average else 1), action,
                           self.process_set, self.sync_step)
         for p, g, r, (_, ctx), sparse_dim in zip(params, grads, reduced, compressed, sparse_dims):
@@ -703,13 +752,23 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                 # could not add the gradients of later steps.
                 p.grad = g.to_sparse(sparse_dim)
 
-    def _check_steps(self, sums, action, process_set, step):
-        """Raise on every member if the members of ``action``'s group were at different steps.
+    def _signature(self, tensors):
+        """What rides along with an average: the step's signature, then what this rank knows of ranks that
+        ran out of data (:mod:`hvd_dssync.join`). In float32 when the tensors are float32: Horovod fuses a
+        grouped allreduce by dtype, so another dtype would cost a second collective every step."""
+        dtype = torch.float32 if tensors and tensors[0].dtype == torch.float32 else torch.float64
+        return torch.from_numpy(np.concatenate([step_signature(self.sync_step), self._joins.payload()])).to(dtype)
 
-        ``sums`` are the members' step signatures summed; only when they differ does a second collective
+    def _check_steps(self, sums, action, process_set, step):
+        """Take in what rode along with an average (see ``_signature``): the joins the members knew of, and a
+        check that they were at the same step, which raises on every member if not.
+
+        ``sums`` are the members' signatures summed; only when the steps differ does a second collective
         (among the members, who all found out together) gather who was at which step, for the error.
         """
-        if not steps_differ(sums.numpy(), len(action.group)):
+        sums = sums.double().numpy()
+        self._joins.merge(sums[SIGNATURE_LENGTH:] / len(action.group))
+        if not steps_differ(sums[:SIGNATURE_LENGTH], len(action.group)):
             return
         with self._bounded(action, step):
             gathered = hvd.allgather(torch.tensor([[hvd.rank(), step]]), name=f"{self._name}.drift",
@@ -753,13 +812,6 @@ def _gradient_rows(p):
     return p.grad.coalesce().indices()[0].numpy() if p.grad is not None and p.grad.is_sparse else None
 
 
-def _signature(step, tensors):
-    """The step's signature, in float32 when the tensors are float32: Horovod fuses a grouped allreduce
-    by dtype, so a signature of another dtype would cost a second collective every step."""
-    dtype = torch.float32 if tensors and tensors[0].dtype == torch.float32 else torch.float64
-    return torch.from_numpy(step_signature(step)).to(dtype)
-
-
 def _make_plan(arguments, scope=None):
     """The plan of this rank: in the whole job, or at its position in ``scope`` (a process set)."""
     if scope is None:
@@ -786,6 +838,55 @@ def _called_by_horovod_to_create_state():
             return True
         frame = frame.f_back
     return False
+
+
+def join(device=-1):
+    """``hvd.join()`` for a job that trains with DS-Sync (uneven data): importing ``hvd_dssync.torch`` puts it
+    in place of Horovod's, so the call in a script stays as it is.
+
+    A rank with no more batches calls it. It then goes on taking part in its groups' averages with its model
+    as it is, step by step, while the others train on; every rank returns after one and the same step,
+    agreed without an extra collective (:mod:`hvd_dssync.join`). Returns the rank that joined last, as
+    Horovod's does. Without a DS-Sync optimizer in training this is Horovod's own ``join``.
+
+    The optimizers served are those stepped in the last training iteration, in the order they were stepped.
+    Unlike Horovod's, a joined rank answers only DS-Sync's averages: a script's own collectives between
+    steps (a metric's allreduce every batch) would wait for it, so average metrics after ``join()`` returns.
+
+    Example::
+
+        for batch in loader:            # some ranks have more batches than others
+            ...
+            opt.step()
+        hvd.join()                      # every rank leaves at the same step
+        dss.synchronize_models(model)
+    """
+    optimizers = _in_training()
+    if not optimizers:
+        return _horovod_join(device)
+    for optimizer in optimizers:
+        optimizer._check_joinable()
+        optimizer._joins.note_joined(optimizer._scope.rank, optimizer.sync_step)
+    serving = list(optimizers)
+    while serving:
+        serving = [optimizer for optimizer in serving if not optimizer._serve()]
+    last = optimizers[0]._joins.last_to_join()
+    for optimizer in optimizers:
+        optimizer._joins.reset()
+    return last
+
+
+_horovod_join = hvd.join
+
+
+def _in_training():
+    """The DS-Sync optimizers stepped in the last training iteration (since the last-stepped one's step before
+    that), in the order they were stepped."""
+    stepped = sorted((o for o in _live_optimizers if o._step_tick is not None), key=lambda o: o._step_tick)
+    if not stepped:  # a rank without a single batch: every optimizer it built, in the order it built them
+        return sorted(_live_optimizers, key=lambda o: o._constructed)
+    since = stepped[-1]._previous_tick
+    return [o for o in stepped if since is None or o._step_tick > since]
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,

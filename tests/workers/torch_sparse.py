@@ -8,14 +8,18 @@ bit for bit up to the first global average (a pair's average is one addition, th
 within float32 rounding after it (a 4-rank sum adds in an order that depends on where a value lies in the
 fused buffer). The sparse run must send far fewer bytes. Then the optimizers: Adagrad is averaged
 sparsely; an optimizer that moves rows it does not report (a dense momentum buffer) is averaged densely,
-with a warning. Every check raises on failure.
+with a warning. Last, ranks alone in their group at a sparse step must issue as many Horovod ops as the
+others, or a script's unnamed allreduce waits forever. Every check raises on failure.
 """
+import itertools
 import warnings
 
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import numpy as np
 import torch
+from hvd_dssync.schedules import TopologyAware
+from hvd_dssync.topology import Topology
 
 ROWS, WIDTH, STEPS, RESUME_AT = 2000, 8, 30, 14
 RANK = None
@@ -111,6 +115,21 @@ def main():
         opt.step()
     check(any("averaged densely" in str(w.message) for w in caught), f"no warning: {[str(w.message) for w in caught]}")
     check("sparse_rows" not in opt.last_sync, f"a dense momentum buffer still averaged sparsely: {opt.last_sync}")
+
+    # A rank alone in its group issues as many Horovod ops as a member of a sparse group (which gathers the
+    # row sets, then averages), so that a script's unnamed ops keep the same names on every rank: with a
+    # different count, the unnamed allreduce below waits forever for its namesake.
+    model = Model()
+    schedule = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=1, rotate_every=None)
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), schedule=schedule)
+    for ids, target in itertools.islice(batches(hvd.rank()), 4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(ids), target).backward()
+        opt.step()
+        total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum)[0])  # unnamed, as scripts' metrics often are
+        check(total == 4.0, f"unnamed allreduce after a {opt.last_sync['kind']} step gave {total}")
+    check(schedule.groups(1) == ((0, 2), (1,), (3,)), f"the bridge step has no rank alone: {schedule.groups(1)}")
     print(f"rank {RANK}: sparse {sparse_bytes} bytes, dense {dense_bytes} bytes; all checks passed", flush=True)
 
 
