@@ -9,6 +9,7 @@ from ..plan import SyncPlan, resolve_schedule
 from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
 from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
+from . import collectives
 
 __all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init",
            "add_process_set_groups"]
@@ -48,11 +49,12 @@ def synchronize_models(model, root_rank=None, buffers=True, process_set=hvd.glob
     if scope.world_size == 1 or not tensors:
         return
     with torch.no_grad():
-        hvd.grouped_allreduce_(tensors, name="dssync.synchronize_models", op=hvd.Average, process_set=process_set)
+        collectives.grouped_allreduce_(tensors, name="dssync.synchronize_models", op=hvd.Average,
+                                       process_set=process_set)
         handles = [hvd.broadcast_async_(t, root_rank, name=f"dssync.synchronize_models.{i}", process_set=process_set)
                    for i, t in enumerate(tensors)]
         for handle in handles:
-            hvd.synchronize(handle)
+            collectives.wait(handle)
 
 
 def consensus_distance(model, buffers=False, process_set=hvd.global_process_set):
