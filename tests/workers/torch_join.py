@@ -18,6 +18,7 @@ import hvd_dssync.torch as dss  # before hvd.init(); hvd.join is DS-Sync's from 
 import torch
 from hvd_dssync.schedules import TopologyAware
 from hvd_dssync.topology import Topology
+from torch_sparse import Model  # an nn.Embedding(sparse=True) table and a dense head (this folder)
 
 BATCHES, EPOCHS = 5, 2
 RANK = SIZE = None
@@ -28,17 +29,6 @@ def check(condition, message):
         raise AssertionError(f"rank {RANK}: {message}")
 
 
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embedding = torch.nn.Embedding(50, 4, sparse=True)
-        self.head = torch.nn.Linear(4, 1)
-
-    def forward(self, ids):
-        return self.head(self.embedding(ids).mean(1)).squeeze(1)
-
-
 def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -46,7 +36,7 @@ def flat(model):
 def epoch(model, opt, epoch_number):
     generator = torch.Generator().manual_seed(1000 * epoch_number + RANK)
     for _ in range(BATCHES + 3 * RANK):
-        ids = torch.randint(0, 50, (8, 3), generator=generator)
+        ids = torch.randint(0, 200, (8, 3), generator=generator)
         target = torch.randn(8, generator=generator)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(ids), target).backward()
