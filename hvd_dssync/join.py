@@ -51,6 +51,7 @@ class JoinState:
         """Forget every join: the ranks left together and train on (the next epoch's uneven data)."""
         self._known = np.zeros(self.world_size, dtype=bool)
         self._steps = np.zeros(self.world_size, dtype=np.int64)
+        self._leave = None  # computed once every join is known
 
     def note_joined(self, rank, step):
         """``rank`` (this one) has no more data; it serves steps from ``step`` on."""
@@ -92,7 +93,9 @@ class JoinState:
         """
         if not self.everyone_joined():
             return None
-        return everyone_knows_at(partition_at, dict(enumerate(self._steps.tolist())), self.world_size)
+        if self._leave is None:
+            self._leave = everyone_knows_at(partition_at, dict(enumerate(self._steps.tolist())), self.world_size)
+        return self._leave
 
 
 def everyone_knows_at(partition_at, joined_steps, world_size, max_steps=MAX_SPREAD_STEPS):
