@@ -30,8 +30,9 @@ class Count(logging.Handler):
 
 
 def slow_global_averages(module, global_set_id, step_of):
-    """Make rank 0 sleep inside the global averages of the slow steps (module: horovod.torch or .tensorflow)."""
-    allreduce = module.grouped_allreduce_ if hasattr(module, "grouped_allreduce_") else None
+    """Make rank 0 sleep inside the global averages of the slow steps (``horovod.torch``: the adapter averages
+    through ``grouped_allreduce_async_`` and waits for it; see hvd_dssync/torch/collectives.py)."""
+    allreduce = module.grouped_allreduce_async_
 
     def slowed(tensors, *args, process_set=None, **kwargs):
         if module.rank() == 0 and process_set is not None and process_set.process_set_id == global_set_id \
@@ -39,7 +40,7 @@ def slow_global_averages(module, global_set_id, step_of):
             time.sleep(DELAY)
         return allreduce(tensors, *args, process_set=process_set, **kwargs)
 
-    module.grouped_allreduce_ = slowed
+    module.grouped_allreduce_async_ = slowed
 
 
 def check(decisions, figures, kinds, models, messages, hvd, allgather_object):
