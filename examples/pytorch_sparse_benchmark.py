@@ -7,7 +7,8 @@ interaction and a small MLP. Labels come from a hidden model of the same shape, 
 Each variant trains the same model from the same start for ``--steps`` steps, one after the other in
 this job, with plain SGD. Rank 0 prints one markdown row per variant: median step, bytes sent per step
 (DS-Sync: ``last_sync["bytes_sent"]``; Horovod: a ring allreduce or allgather of what it sends), rows in
-play, and the final training loss::
+play, the final training loss, and with ``--target-loss`` the training seconds until rank 0's mean loss over
+10 steps fell below it::
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/pytorch_sparse_benchmark.py
 """
@@ -69,6 +70,7 @@ def run(variant, args):
     times, sent, in_play, losses = [], [], [], []
     n = hvd.size()
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    reached = None  # (seconds of training, step) when the mean loss of the last 10 steps fell below the target
     for t, (ids, labels) in enumerate(batches(args.rows, args.batch, 1000 + hvd.rank(), args.steps)):
         started = time.perf_counter()
         opt.zero_grad()
@@ -83,6 +85,8 @@ def run(variant, args):
         opt.step()
         times.append(time.perf_counter() - started)
         losses.append(loss.item())
+        if reached is None and args.target_loss and len(losses) >= 10 and np.mean(losses[-10:]) < args.target_loss:
+            reached = (float(np.sum(times)), t)
         if variant == "horovod-sparse-as-dense":
             sent.append(ring_bytes(n, dense_bytes))
         elif variant.startswith("dssync"):
@@ -92,7 +96,7 @@ def run(variant, args):
     skip = min(5, args.steps // 4)  # the first steps warm caches and start Horovod's cycle
     return {"variant": variant, "step_ms": 1000 * float(np.median(times[skip:])),
             "mb_per_step": float(np.mean(sent[skip:])) / 1e6, "loss": float(np.mean(losses[-10:])),
-            "rows_in_play": (int(np.median(in_play)), int(max(in_play))) if in_play else None}
+            "rows_in_play": (int(np.median(in_play)), int(max(in_play))) if in_play else None, "reached": reached}
 
 
 def main():
@@ -103,6 +107,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--global-every", type=int, default=16, help="DS-Sync's global averages")
     parser.add_argument("--variants", default="horovod-sparse,horovod-sparse-as-dense,dssync-dense,dssync-sparse")
+    parser.add_argument("--target-loss", type=float, default=None,
+                        help="report the training seconds until rank 0's mean loss over 10 steps is below this")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -110,11 +116,14 @@ def main():
     if hvd.rank() == 0:
         print(f"\n{hvd.size()} ranks, {args.rows} x {WIDTH} table + {args.rows} x 1, batch {args.batch}, "
               f"{args.steps} steps, SGD lr {args.lr}, DS-Sync default groups, global_every={args.global_every}\n")
-        print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | loss, last 10 steps |")
-        print("|---|---:|---:|---:|---:|")
+        print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
+              f"loss, last 10 steps | s to loss < {args.target_loss} (step) |")
+        print("|---|---:|---:|---:|---:|---:|")
         for r in results:
             play = "-" if r["rows_in_play"] is None else "%d / %d" % r["rows_in_play"]
-            print(f"| {r['variant']} | {r['step_ms']:.1f} | {r['mb_per_step']:.2f} | {play} | {r['loss']:.4f} |")
+            reached = "-" if r["reached"] is None else "%.1f (%d)" % r["reached"]
+            print(f"| {r['variant']} | {r['step_ms']:.1f} | {r['mb_per_step']:.2f} | {play} | {r['loss']:.4f} "
+                  f"| {reached} |")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before one variant's job is killed")
     parser.add_argument("--loopback", action="store_true")
+    parser.add_argument("--target-loss", type=float, default=None, help="passed to the example")
     args = parser.parse_args()
     per_rack = args.ranks // args.racks
     racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
@@ -70,6 +71,8 @@ def main():
     where = (f"emulated cluster: racks {racks}, hosts {args.intra_mbit:g} Mbit/s, between racks "
              f"{args.inter_mbit:g} Mbit/s" if ok else f"loopback ({why})")
     extra = ["--rows", str(args.rows), "--steps", str(args.steps)]
+    if args.target_loss:
+        extra += ["--target-loss", str(args.target_loss)]
     lines = []
     with bed:
         for variant in args.variants.split(","):
@@ -78,8 +81,8 @@ def main():
             lines.append(f"{row} {crossed / 1e6 / args.steps:.2f} |" if ok else f"{row} - |")
     print(f"\n{args.ranks} ranks, {where}; Gloo controller, OMP_NUM_THREADS=1; {args.rows} rows, {args.steps} steps\n")
     print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
-          "loss, last 10 steps | MB per step over the bottleneck |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"loss, last 10 steps | s to loss < {args.target_loss} (step) | MB per step over the bottleneck |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(lines))
 
 
