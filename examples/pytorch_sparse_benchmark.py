@@ -117,7 +117,7 @@ def main():
         print(f"\n{hvd.size()} ranks, {args.rows} x {WIDTH} table + {args.rows} x 1, batch {args.batch}, "
               f"{args.steps} steps, SGD lr {args.lr}, DS-Sync default groups, global_every={args.global_every}\n")
         print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
-              f"loss, last 10 steps | s to loss < {args.target_loss} (step) |")
+              f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) |")
         print("|---|---:|---:|---:|---:|---:|")
         for r in results:
             play = "-" if r["rows_in_play"] is None else "%d / %d" % r["rows_in_play"]

@@ -81,7 +81,7 @@ def main():
             lines.append(f"{row} {crossed / 1e6 / args.steps:.2f} |" if ok else f"{row} - |")
     print(f"\n{args.ranks} ranks, {where}; Gloo controller, OMP_NUM_THREADS=1; {args.rows} rows, {args.steps} steps\n")
     print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
-          f"loss, last 10 steps | s to loss < {args.target_loss} (step) | MB per step over the bottleneck |")
+          f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | MB per step over the bottleneck |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(lines))
 
