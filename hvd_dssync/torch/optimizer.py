@@ -50,8 +50,9 @@ _construction_order = collections.defaultdict(itertools.count)
 _constructions = itertools.count()
 # Every optimizer's step() calls, counted together: the order in which a training loop steps its optimizers.
 _step_ticks = itertools.count()
-# Horovod's warning, word for word, so that scripts see what they know.
+# Every average carries the step's signature, then what its sender knows of joined ranks (_signature).
 SIGNATURE_LENGTH = len(step_signature(0))
+# Horovod's warning, word for word, so that scripts see what they know.
 SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
                        "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
                        "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
