@@ -67,12 +67,9 @@ class JoinState:
         """Take in the group's average of its members' payloads."""
         averaged = np.asarray(averaged, dtype=np.float64)
         flags, products = averaged[:self.world_size], averaged[self.world_size:]
-        heard = flags > 0
-        self._steps[heard & ~self._known] = np.rint(products[heard & ~self._known] / flags[heard & ~self._known])
-        self._known |= heard
-
-    def anyone_joined(self):
-        return bool(self._known.any())
+        news = (flags > 0) & ~self._known
+        self._steps[news] = np.rint(products[news] / flags[news])
+        self._known |= news
 
     def everyone_joined(self):
         return bool(self._known.all())

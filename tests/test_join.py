@@ -86,4 +86,4 @@ def test_reset_forgets_every_join():
     state = JoinState(2)
     state.note_joined(0, 3)
     state.reset()
-    assert not state.anyone_joined() and state.leave_step(lambda step: ((0, 1),)) is None
+    assert state.joined_steps() == {} and state.leave_step(lambda step: ((0, 1),)) is None
