@@ -1,4 +1,5 @@
-"""The click-model benchmark (examples/pytorch_sparse_benchmark.py) on the emulated bottlenecked cluster.
+"""The click-model benchmark (examples/pytorch_sparse_benchmark.py, or with ``--framework keras`` its Keras
+twin) on the emulated bottlenecked cluster.
 
 Each variant is its own job on one testbed (hvd_dssync.bench.testbed: a network namespace per rank, racks
 joined by a shaped link), launched as the bench launches its Horovod contenders (Gloo controller, a
@@ -19,18 +20,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hvd_dssync.bench.contenders import ROOT, _start_rendezvous, rank_env  # noqa: E402
 from hvd_dssync.bench.testbed import LoopbackBed, Testbed, namespaces_available  # noqa: E402
 
-EXAMPLE = os.path.join(ROOT, "examples", "pytorch_sparse_benchmark.py")
+EXAMPLES = {framework: os.path.join(ROOT, "examples", f"{framework}_sparse_benchmark.py")
+            for framework in ("pytorch", "keras")}
 VARIANTS = ("horovod-sparse", "horovod-sparse-as-dense", "dssync-dense", "dssync-sparse")
 
 
-def run_variant(bed, variant, extra, timeout):
+def run_variant(bed, example, variant, extra, timeout):
     deadline = time.monotonic() + timeout
     rendezvous, port = _start_rendezvous(bed, deadline)
     before = bed.bottleneck_bytes()
     procs = []
     try:
         for rank in range(bed.size):
-            argv = [sys.executable, EXAMPLE, "--variants", variant, *extra]
+            argv = [sys.executable, example, "--variants", variant, *extra]
             procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, "dssync-local", port),
                                    stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, text=True))
@@ -62,6 +64,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before one variant's job is killed")
     parser.add_argument("--loopback", action="store_true")
     parser.add_argument("--target-loss", type=float, default=None, help="passed to the example")
+    parser.add_argument("--framework", choices=sorted(EXAMPLES), default="pytorch",
+                        help="which adapter's click model (examples/<framework>_sparse_benchmark.py)")
     args = parser.parse_args()
     per_rack = args.ranks // args.racks
     racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
@@ -77,10 +81,11 @@ def main():
     with bed:
         for variant in args.variants.split(","):
             print(f"  {variant} ...", flush=True)
-            row, crossed = run_variant(bed, variant, extra, args.timeout)
+            row, crossed = run_variant(bed, EXAMPLES[args.framework], variant, extra, args.timeout)
             lines.append(f"{row} {crossed / 1e6 / args.steps:.2f} |" if ok else f"{row} - |")
-    print(f"\n{args.ranks} ranks, {where}; Gloo controller, OMP_NUM_THREADS=1; {args.rows} rows, {args.steps} steps\n")
-    print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
+    print(f"\n{args.framework}, {args.ranks} ranks, {where}; Gloo controller, OMP_NUM_THREADS=1; {args.rows} rows, {args.steps} steps\n")
+    play = "median / max" if args.framework == "pytorch" else "at the end"
+    print(f"| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), {play} | "
           f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | MB per step over the bottleneck |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(lines))

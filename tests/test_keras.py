@@ -34,6 +34,14 @@ def test_digits_matches_horovod(launcher, np, tmp_path):
     assert accuracy["dssync"] >= accuracy["horovod"] - 0.01, accuracy
 
 
+def test_sparse_embedding_averaging_equals_dense():
+    """Embedding tables averaged by their rows give the dense average's models step by step, through a warm-up,
+    global averages and a per-rank resume, with far fewer bytes; Adagrad and the legacy SGD's lazy momentum
+    too; Adam densely with a warning; ranks that start apart start from full row sets."""
+    output = run("gloo", 4, "keras_sparse.py", timeout=300)
+    assert output.count("all checks passed") == 4, output
+
+
 def test_process_sets_and_fp16_compression():
     """Two process sets train side by side in traced steps (exact group means); bad sets refused; fp16 keeps
     updates below its resolution, within its error bound of the exact group means."""

@@ -42,10 +42,16 @@ class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every_epoch:
-            synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)
+            self._synchronize()
 
     def on_train_end(self, logs=None):
+        self._synchronize()
+
+    def _synchronize(self):
         synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)
+        sync = getattr(self.model.optimizer, "_dssync", None)
+        if sync is not None and sync.process_set is self.process_set:
+            sync.forget_row_sets()  # every table is now equal on every rank: sparse averages restart empty
 
 
 class ConsensusDistanceCallback(tf.keras.callbacks.Callback):
@@ -73,7 +79,8 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
 
     ``logs["dssync_bytes_sent"]`` is counted from the schedule: a step's allreduce over a group of ``k``
     ranks sends ``2 (k - 1) / k`` of the averaged bytes (ring allreduce), gradients in warm-up steps, the
-    model otherwise. ``logs["dssync_sync_seconds"]`` is the wall time from the start of each step's
+    model otherwise. Embedding tables averaged by their rows (``sparse_average``) count the rows moved and
+    the ids gathered, and ``logs["dssync_row_set"]`` is this rank's rows in play at the epoch's end. ``logs["dssync_sync_seconds"]`` is the wall time from the start of each step's
     allreduce to the end of its assignment, taken in the traced step (waiting for slower group members
     included), as the PyTorch adapter's ``opt.last_sync["seconds"]``.
 
@@ -99,6 +106,7 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
         self.seconds_key = seconds_key
         self._first_step = 0
         self._first_seconds = 0.0
+        self._first_sparse_bytes = 0
         self._last = None  # (step, time, sync seconds) after the last step adapted to
 
     def on_train_begin(self, logs=None):
@@ -126,6 +134,7 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._first_step = self.model.optimizer.sync_step
         self._first_seconds = self.model.optimizer._dssync.sync_seconds
+        self._first_sparse_bytes = self.model.optimizer._dssync.sparse_bytes
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -135,12 +144,16 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
         model = gradients
         if optimizer._dssync_average_non_trainable:
             model += _nbytes(v for v in self.model.non_trainable_variables if v.dtype.is_floating)
-        plan = optimizer._dssync.plan
-        sent = 0
+        sync = optimizer._dssync
+        plan, by_rows = sync.plan, sync.row_sets is not None
+        sent = sync.sparse_bytes - self._first_sparse_bytes if by_rows else 0
         for step in range(self._first_step, optimizer.sync_step):
             action = plan.action(step)
-            sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
+            if action.kind == BSP or not by_rows:
+                sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
         logs[self.key] = sent
+        if by_rows:
+            logs["dssync_row_set"] = sync.row_sets.total()
         logs[self.seconds_key] = optimizer._dssync.sync_seconds - self._first_seconds
         if plan.adaptive is not None:
             decision = plan.adaptive.decision

@@ -12,6 +12,7 @@ when the step is first traced, not at construction; ``hvd_dssync.keras.elastic.K
 schedule for a new world and drops the traced ``train_function`` (see :mod:`.elastic`).
 """
 import sys
+import warnings
 import weakref
 
 import horovod.tensorflow as hvd
@@ -29,8 +30,9 @@ class _DSSyncOptimizer:
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
     def _dssync_setup(self, sync, model, average_non_trainable, passes, average_aggregated, scale_local_gradients,
-                      options):
+                      options, sparse_average):
         self._dssync = sync
+        self._dssync_sparse_average = sparse_average
         self._dssync_passes = passes
         self._dssync_average_aggregated = average_aggregated
         # Gradient sums between applied steps; left out of Keras' tracking, so never saved (as Horovod's).
@@ -107,10 +109,17 @@ class _DSSyncOptimizer:
         grads, variables = (list(x) for x in zip(*grads_and_vars))
         self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
         averaged = self._dssync_averaged(variables)
+        tables = self._dssync_row_tables(grads, variables, averaged)
+        self._dssync.use_row_sets([variables[i] for i in tables])
         # The wrapped optimizer's own gradient aggregation runs inside; it is not a wrapper's call.
         object.__setattr__(self, "_dssync_applying", True)
         try:
             with tf.control_dependencies([self._dssync.adopt_root_step(self.iterations)]):
+                first_pass = tf.equal(tf.math.floormod(self.iterations, self._dssync_passes), 0)
+                started = self._dssync.start_rows(first_pass)
+            with tf.control_dependencies([started]):
+                touched = self._dssync.touch_rows([grads[i].indices for i in tables])
+            with tf.control_dependencies([touched]):
                 if self._dssync_passes == 1:
                     iteration, _ = self._dssync_step(grads, variables, averaged, tf.identity(self.iterations),
                                                      args, kwargs)
@@ -204,6 +213,30 @@ class _DSSyncOptimizer:
                                                      name="dssync_gradient_sum")
         return self._dssync_sums[key]
 
+    def _dssync_row_tables(self, grads, variables, averaged):
+        """Positions of the embedding tables to average by their rows (``sparse_average``), decided at trace time.
+
+        A table qualifies if its gradient is an ``IndexedSlices`` and the wrapped optimizer changes only the
+        rows of its gradients; otherwise it is averaged densely, with a warning. Every rank traces the same
+        model, so every rank finds the same tables.
+        """
+        if not self._dssync_sparse_average or self._dssync.plan.world_size == 1 or \
+                self._dssync.compression is not hvd.Compression.none:
+            return []
+        shared = {v.ref() for v in averaged}
+        sparse = [i for i, (g, v) in enumerate(zip(grads, variables))
+                  if isinstance(g, tf.IndexedSlices) and v.ref() in shared]
+        if not sparse:
+            return []
+        # Gradients reach the wrapped optimizer dense after a warm-up's cond or a sum over passes.
+        with tf.init_scope():  # the optimizer's configuration, read eagerly
+            why = _changes_other_rows(self, self._dssync.plan.policy.warmup_steps > 0 or self._dssync_passes > 1)
+        if why:
+            warnings.warn(f"hvd_dssync: {', '.join(variables[i].name for i in sparse)} averaged densely: sparse "
+                          f"averaging needs an optimizer that changes only the rows of its gradients, and {why}.")
+            return []
+        return sparse
+
     def _dssync_averaged(self, variables):
         """The variables averaged each step: the trained ones, plus the model's float non-trainables."""
         averaged = [v for v in variables if v.ref() not in self._dssync_local_vars]
@@ -258,6 +291,32 @@ def _calling_model(optimizer):
     return None
 
 
+def _changes_other_rows(optimizer, dense_gradients):
+    """Why ``optimizer`` may change rows of an embedding table outside its gradient's, or None if it cannot.
+
+    Keras' SGD without momentum and Adagrad change only those rows, with sparse gradients and (a zero
+    gradient moves nothing) dense ones; the legacy SGD's momentum is lazy, so only with sparse gradients.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    name = type(inner).__name__
+    if getattr(inner, "use_ema", False):
+        return f"{name} with use_ema=True moves every row"
+    if getattr(inner, "weight_decay", None):
+        return f"{name} with weight_decay moves every row"
+    legacy = isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
+    if isinstance(inner, (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad)):
+        return None
+    if isinstance(inner, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
+        momentum = inner.get_config().get("momentum", 0.0)
+        if not momentum or (legacy and not dense_gradients):
+            return None
+        if legacy:
+            return (f"{name}'s momentum moves every row once its gradients are dense (warmup_steps or "
+                    "backward_passes_per_step)")
+        return f"{name}'s momentum moves every row (the legacy SGD's is lazy)"
+    return f"{name} is not SGD or Adagrad"
+
+
 def _is_loss_scale_optimizer(optimizer):
     return isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
 
@@ -272,7 +331,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_non_trainable=True,
-                         schedule_options=None, policy=None):
+                         schedule_options=None, policy=None, sparse_average=True):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: it takes the same arguments and
@@ -314,6 +373,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             The traced step reads the window's branches from a variable that
             :class:`hvd_dssync.keras.callbacks.SyncStatsCallback` sets at each decision step: pass that
             callback to ``model.fit`` (``steps_per_execution=1``).
+        sparse_average: average embedding tables whose gradients are ``IndexedSlices`` (``Embedding``) over
+            only the rows that can differ between the members (:mod:`hvd_dssync.sparse`), as the PyTorch
+            adapter: the dense average's result, at a cost proportional to the rows in play. Needs SGD
+            without momentum (or the legacy SGD's lazy momentum) or Adagrad; another optimizer, or a lossy
+            ``compression``, averages densely. ``False``: dense.
 
     Example::
 
@@ -355,5 +419,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                           {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                            "sparse_as_dense": sparse_as_dense, "average_non_trainable": average_non_trainable,
                            "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
-                           "average_aggregated_gradients": average_aggregated_gradients})
+                           "average_aggregated_gradients": average_aggregated_gradients,
+                           "sparse_average": bool(sparse_average)},
+                          bool(sparse_average))
     return wrapped

@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..plan import (BSP, GLOBAL, GROUP, LOCAL, Action, SyncPlan, agreement_fields, agreement_payload,
-                    arguments_for_world, check_agreement, resolve_schedule)
+                    arguments_for_world, check_agreement, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
+from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
 from ..watchdog import describe_wait, process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -107,6 +108,10 @@ class StepSync:
         self._open, self._opened = {}, itertools.count()
         self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
         self.decisions = []  # the adaptive policy's decisions, as dicts (see adapt)
+        # Sparse averaging of embedding tables (see use_row_sets): the tables, in order, and their row sets.
+        self._row_tables, self.row_sets = [], None
+        self._row_checks = 0  # runs of the step whose equality check ran (see start_rows)
+        self.sparse_bytes = 0  # bytes sent by averages that moved rows (see _average_rows)
         self._window = None  # under the adaptive policy: the branches of the window in force, a variable
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
@@ -180,6 +185,9 @@ class StepSync:
         self._generation = None
         if self._reference_set is not None:
             self._reference_set.assign(False)
+        if self.row_sets is not None:  # the next runs check again whether the tables are equal
+            self.row_sets.fill()
+            self._row_checks = 0
 
     def world_check(self):
         """Under elastic Horovod, ops that fail if Horovod's world is no longer the one this was traced for.
@@ -396,8 +404,11 @@ class StepSync:
         with tf.control_dependencies(check + [begun]):
             values = [tf.identity(v) for v in variables]
         bits = _step_bits(step, variables[0].dtype)
+        writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
         if self.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
+        elif any(v.ref() in self._row_positions() for v in variables):
+            variables, averaged, writes, means = self._average_rows(variables, values, bits, branch)
         else:
             sent = values + [bits]
             branches = [lambda: [tf.identity(v) for v in sent],
@@ -405,13 +416,153 @@ class StepSync:
             for group in self._groups:
                 branches.append(lambda g=group: self._allreduce(sent, self._set_of(g), "group"))
             *averaged, means = tf.switch_case(branch, branches, name=f"{self.name}_switch")
-        with tf.control_dependencies(averaged + [means]):
+        with tf.control_dependencies(averaged + [means] + [rows for _, _, rows in writes]):
             ended = self._end(begun)
         sizes = tf.constant([1, self.plan.world_size] + [len(g) for g in self._groups], tf.int32)
         with tf.control_dependencies([ended]):
             checked = self._step_check(means, step, tf.gather(sizes, branch))
         with tf.control_dependencies([checked]):
-            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)])
+            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)],
+                            *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
+
+    # --- sparse averaging of embedding tables (hvd_dssync.sparse) -----------------------------
+
+    def use_row_sets(self, tables):
+        """Average the embedding ``tables`` (variables whose gradients are sparse) over the rows that may differ.
+
+        Called when the step is traced, with the same tables in the same order on every rank. The row sets
+        (:class:`hvd_dssync.sparse.RowSets`, kept in Python) start full, the safe superset, until
+        :meth:`start_rows` finds the tables equal on every rank.
+        """
+        tables = list(tables)
+        if [t.ref() for t in tables] == [t.ref() for t in self._row_tables]:
+            return
+        self._row_tables = tables
+        self.row_sets = RowSets({f"{k}:{t.name}": int(t.shape[0]) for k, t in enumerate(tables)}) if tables else None
+        self._row_checks = 0
+        if self.row_sets is not None:
+            self.row_sets.fill()
+
+    def _row_positions(self):
+        return {t.ref(): k for k, t in enumerate(self._row_tables)}
+
+    def start_rows(self, first_pass):
+        """An op for the start of a step, before its update: in the first two steps this process runs, if the
+        tables are equal on every rank, no row may differ: the row sets empty. Else they stay as they are
+        (full from :meth:`use_row_sets`, the safe superset, or what the steps since made of them).
+
+        One small allreduce of the tables' fingerprints, in those two steps only. Two, because Horovod's Keras
+        recipe broadcasts the variables after the first batch: ranks that started from different models are
+        equal at the second step. A resumed job whose ranks load their own models keeps full sets.
+        ``first_pass``: a boolean tensor, False for passes that continue a step (``backward_passes_per_step``).
+        """
+        if self.row_sets is None:
+            return tf.no_op()
+
+        def due(first):
+            return np.bool_(bool(first) and self._row_checks < 2)
+
+        def checked(equal):
+            self._row_checks += 1
+            if equal:
+                self.row_sets.clear()
+            return np.bool_(equal)
+
+        def check():
+            fingerprints = tf.concat([_fingerprint(t) for t in self._row_tables], 0)
+            extremes = hvd.allreduce(tf.concat([fingerprints, -fingerprints], 0), op=hvd.Max, ignore_name_scope=True,
+                                     name=f"{self.name}_rows_equal", process_set=self.process_set)
+            n = len(self._row_tables) * 2
+            equal = tf.reduce_all(tf.equal(extremes[:n], -extremes[n:]))  # the largest equals the smallest
+            return tf.numpy_function(checked, [equal], tf.bool, stateful=True, name=f"{self.name}_rows_checked")
+
+        need = tf.numpy_function(due, [first_pass], tf.bool, stateful=True, name=f"{self.name}_rows_due")
+        need.set_shape([])
+        return tf.cond(need, check, lambda: tf.constant(False))
+
+    def touch_rows(self, indices):
+        """An op adding to the row sets the rows this rank's update may change: ``indices[k]``, the rows of the
+        ``k``-th table's sparse gradient (an ``IndexedSlices``' indices)."""
+        if self.row_sets is None:
+            return tf.no_op()
+        names = list(self.row_sets.tables)
+
+        def touch(*rows):
+            for name, r in zip(names, rows):
+                self.row_sets.touch(name, r)
+            return np.bool_(True)
+
+        return tf.numpy_function(touch, [tf.cast(i, tf.int64) for i in indices], tf.bool, stateful=True,
+                                 name=f"{self.name}_touch_rows")
+
+    def forget_row_sets(self):
+        """After an exact average and broadcast over every rank (``synchronize_models``): no row may differ."""
+        if self.row_sets is not None:
+            self.row_sets.clear()
+
+    def _average_rows(self, variables, values, bits, branch):
+        """The switch of :meth:`average` with embedding tables averaged over the rows of the group's union.
+
+        A communicating branch gathers the members' row sets (one allgather of ids), every member adopts
+        the union (a global average empties the sets), and one grouped allreduce averages the dense
+        variables and the union's rows of each table (its whole table when that is cheaper, see
+        :func:`hvd_dssync.sparse.average_densely`). Returns the dense variables with their averages, the
+        ``(table, indices, rows)`` to write, and the step bits' means.
+        """
+        positions = self._row_positions()
+        tables = sorted((i for i, v in enumerate(variables) if v.ref() in positions),
+                        key=lambda i: positions[variables[i].ref()])
+        if len(tables) != len(self._row_tables):
+            raise ValueError("hvd_dssync: the averaged variables leave out some of the embedding tables averaged "
+                             "by their rows; average all of them or none.")
+        dense = [i for i in range(len(variables)) if i not in tables]
+        dense_bytes = sum(values[i].shape.num_elements() * values[i].dtype.size for i in dense)
+        row_bytes = [values[i].shape[1:].num_elements() * values[i].dtype.size for i in tables]
+
+        def unite(gathered, size, is_global):
+            unions = unpack_unions(gathered, self.row_sets.tables)
+            out = []
+            for name, rows in self.row_sets.tables.items():
+                union = unions[name]
+                if len(union) == 0:
+                    union = np.zeros(1, np.int64)  # one row all the same: a collective of fixed arity
+                if not is_global:
+                    self.row_sets.adopt(name, union)
+                out.append(np.arange(rows, dtype=np.int64) if average_densely(len(union), rows) else union)
+            if is_global:
+                self.row_sets.clear()
+            moved = dense_bytes + sum(len(index) * b for index, b in zip(out, row_bytes))
+            self.sparse_bytes += ring_allreduce_bytes(int(size), moved) + allgather_bytes(int(size), gathered.nbytes)
+            return out
+
+        def keep():
+            return ([tf.identity(values[i]) for i in dense]
+                    + [tf.zeros([0, *values[i].shape[1:]], values[i].dtype) for i in tables]
+                    + [tf.zeros([0], tf.int64) for _ in tables] + [tf.identity(bits)])
+
+        def through(process_set, kind, size, is_global):
+            def run():
+                prefix = f"{self.name}_{kind}_{process_set.process_set_id}"
+                mine = tf.numpy_function(lambda: pack_rows(self.row_sets), [], tf.int64, stateful=True,
+                                         name=f"{prefix}_pack")
+                mine.set_shape([None])
+                gathered = hvd.allgather(mine, name=f"{prefix}_rows", ignore_name_scope=True, process_set=process_set)
+                indices = tf.numpy_function(lambda g: unite(g, size, is_global), [gathered], [tf.int64] * len(tables),
+                                            stateful=True, name=f"{prefix}_unite")
+                for index in indices:
+                    index.set_shape([None])
+                rows = [tf.gather(values[i], index) for i, index in zip(tables, indices)]
+                *averaged, means = self._allreduce([values[i] for i in dense] + rows + [bits], process_set, kind)
+                return averaged + list(indices) + [means]
+            return run
+
+        branches = [keep, through(self.process_set, "global", self.plan.world_size, True)]
+        for group in self._groups:
+            branches.append(through(self._set_of(group), "group", len(group), False))
+        out = tf.switch_case(branch, branches, name=f"{self.name}_switch")
+        n, k = len(dense), len(tables)
+        writes = [(variables[i], out[n + k + j], out[n + j]) for j, i in enumerate(tables)]
+        return [variables[i] for i in dense], out[:n], writes, out[-1]
 
     def _begin(self, branch, step, kind):
         """An op that opens this step's communication when ``branch`` communicates; returns its id tensor.
@@ -524,6 +675,17 @@ def _step_bits(step, dtype):
     """The low bits of ``step`` as 0 and 1 in ``dtype``: :meth:`StepSync._step_check` reads their group mean."""
     shifts = tf.range(_STEP_BITS, dtype=tf.int64)
     return tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(step, tf.int64), shifts), 1), dtype)
+
+
+def _fingerprint(table):
+    """Two float64 sums of ``table`` that equal tables share on every rank (same values, same arithmetic)."""
+    x = tf.convert_to_tensor(table)
+    x = tf.reshape(x, [x.shape[0], -1])
+    mix = tf.cast(tf.range(x.shape[1]) % 7 + 1, x.dtype)
+    weights = tf.cast(tf.range(x.shape[0]) % 65521 + 1, tf.float64)
+    sums = tf.cast(tf.reduce_sum(x, 1), tf.float64)
+    mixed = tf.cast(tf.reduce_sum(x * mix, 1), tf.float64)
+    return tf.stack([tf.reduce_sum(sums * weights), tf.reduce_sum(mixed * tf.reverse(weights, [0]))])
 
 
 def _dense_values(gradient):
