@@ -199,6 +199,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer")
         if not self._world_check_pending:
             self._check_ranks_agree()
+            # The first window's process sets now, with the agreement: not in the first average's time.
+            self._enter_window()
         _watch_until_exit(self)
 
     # --- what users see ---------------------------------------------------------------------
@@ -477,16 +479,21 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             tensors += [(f"buffer.{name}", b) for name, b in self._model.named_buffers() if b.is_floating_point()]
         return tensors
 
-    def _average_model(self, action):
-        self.finish_pending()
-        if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
-            self._record(action, 0.0, 0)
-            return
+    def _enter_window(self):
+        """Register the process sets of the schedule's window at this step and release the last window's, when
+        the step enters a new window (collectives: every rank at the same step)."""
         change = self._plan.window_change(self.sync_step)
         if change is not None and not self._in_process_set():
             acquire, release = change
             self._registry.acquire(acquire)
             self._registry.release(release)
+
+    def _average_model(self, action):
+        self.finish_pending()
+        if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
+            self._record(action, 0.0, 0)
+            return
+        self._enter_window()
         if self._compression is not hvd.Compression.none and self._reference is None:
             self._establish_reference(action)
             return
