@@ -35,7 +35,7 @@ def run_variant(bed, example, variant, extra, timeout):
             argv = [sys.executable, example, "--variants", variant, *extra]
             procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, "dssync-local", port),
                                    stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, text=True))
+                                   stderr=subprocess.STDOUT if rank == 0 else subprocess.DEVNULL, text=True))
         out, _ = procs[0].communicate(timeout=max(1.0, deadline - time.monotonic()))
         for proc in procs[1:]:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))

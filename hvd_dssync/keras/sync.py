@@ -401,14 +401,18 @@ class StepSync:
             return tf.group(*check)
         branch = self.branch(step)
         begun = self._begin(branch, step, "group")
+        by_rows = self._row_positions() if self.compression is hvd.Compression.none else {}
         with tf.control_dependencies(check + [begun]):
-            values = [tf.identity(v) for v in variables]
+            # Tables averaged by their rows are not read whole: a live read would make their row update copy
+            # the whole table first (copy-on-write).
+            values = [None if v.ref() in by_rows else tf.identity(v) for v in variables]
         bits = _step_bits(step, variables[0].dtype)
         writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
         if self.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
-        elif any(v.ref() in self._row_positions() for v in variables):
-            variables, averaged, writes, means = self._average_rows(variables, values, bits, branch)
+        elif by_rows and any(v.ref() in by_rows for v in variables):
+            with tf.control_dependencies(check + [begun]):
+                variables, averaged, writes, means = self._average_rows(variables, values, bits, branch)
         else:
             sent = values + [bits]
             branches = [lambda: [tf.identity(v) for v in sent],
@@ -507,7 +511,8 @@ class StepSync:
         the union (a global average empties the sets), and one grouped allreduce averages the dense
         variables and the union's rows of each table (its whole table when that is cheaper, see
         :func:`hvd_dssync.sparse.average_densely`). Returns the dense variables with their averages, the
-        ``(table, indices, rows)`` to write, and the step bits' means.
+        ``(table, indices, rows)`` to write, and the step bits' means. ``values`` holds the dense variables'
+        values (None for the tables, whose rows are gathered from the variables).
         """
         positions = self._row_positions()
         tables = sorted((i for i, v in enumerate(variables) if v.ref() in positions),
@@ -517,7 +522,7 @@ class StepSync:
                              "by their rows; average all of them or none.")
         dense = [i for i in range(len(variables)) if i not in tables]
         dense_bytes = sum(values[i].shape.num_elements() * values[i].dtype.size for i in dense)
-        row_bytes = [values[i].shape[1:].num_elements() * values[i].dtype.size for i in tables]
+        row_bytes = [variables[i].shape[1:].num_elements() * variables[i].dtype.size for i in tables]
 
         def unite(gathered, size, is_global):
             unions = unpack_unions(gathered, self.row_sets.tables)
@@ -537,7 +542,7 @@ class StepSync:
 
         def keep():
             return ([tf.identity(values[i]) for i in dense]
-                    + [tf.zeros([0, *values[i].shape[1:]], values[i].dtype) for i in tables]
+                    + [tf.zeros([0, *variables[i].shape[1:]], variables[i].dtype) for i in tables]
                     + [tf.zeros([0], tf.int64) for _ in tables] + [tf.identity(bits)])
 
         def through(process_set, kind, size, is_global):
@@ -551,7 +556,7 @@ class StepSync:
                                             stateful=True, name=f"{prefix}_unite")
                 for index in indices:
                     index.set_shape([None])
-                rows = [tf.gather(values[i], index) for i, index in zip(tables, indices)]
+                rows = [tf.gather(variables[i], index) for i, index in zip(tables, indices)]
                 *averaged, means = self._allreduce([values[i] for i in dense] + rows + [bits], process_set, kind)
                 return averaged + list(indices) + [means]
             return run
