@@ -23,7 +23,7 @@ Framework-free: the PyTorch adapter gathers the ids and moves the rows; the rule
 """
 import numpy as np
 
-__all__ = ["RowSets", "DENSE_FRACTION", "pack_rows", "unpack_unions", "average_densely", "allgather_bytes"]
+__all__ = ["RowSets", "DENSE_FRACTION", "id_dtype", "pack_rows", "unpack_unions", "average_densely", "allgather_bytes"]
 
 # A union larger than this fraction of its table is averaged as the whole table.
 DENSE_FRACTION = 0.5
@@ -96,8 +96,20 @@ class RowSets:
                 mask[:] = True
 
 
+def id_dtype(tables):
+    """The integer type of :func:`pack_rows`' ids for ``tables`` (``{name: rows}``): int32 while every id fits,
+    half the bytes of int64 on the wire, else int64. The same on every rank, as the tables are.
+
+    Example::
+
+        >>> id_dtype({"a": 1000000}), id_dtype({"a": 2 ** 31})
+        (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if sum(tables.values()) < 2 ** 31 else np.int64)
+
+
 def pack_rows(sets):
-    """This rank's rows of every table as one int64 array for one allgather.
+    """This rank's rows of every table as one integer array (:func:`id_dtype`) for one allgather.
 
     Row ``r`` of the ``k``-th table becomes ``offset_k + r``, with the tables' rows laid end to end. A
     leading ``-1`` makes every rank send at least one element, even with empty sets.
@@ -112,7 +124,7 @@ def pack_rows(sets):
     offsets = np.cumsum([0] + list(sets.tables.values())[:-1])
     parts = [np.array([-1], dtype=np.int64)]
     parts += [sets.rows(name) + offset for name, offset in zip(sets.tables, offsets)]
-    return np.concatenate(parts)
+    return np.concatenate(parts).astype(id_dtype(sets.tables), copy=False)
 
 
 def unpack_unions(gathered, tables):

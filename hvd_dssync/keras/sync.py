@@ -26,7 +26,7 @@ from ..plan import (BSP, GLOBAL, GROUP, LOCAL, Action, SyncPlan, agreement_field
                     arguments_for_world, check_agreement, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
-from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
+from ..sparse import RowSets, allgather_bytes, average_densely, id_dtype, pack_rows, unpack_unions
 from ..watchdog import describe_wait, process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
@@ -523,6 +523,7 @@ class StepSync:
         dense = [i for i in range(len(variables)) if i not in tables]
         dense_bytes = sum(values[i].shape.num_elements() * values[i].dtype.size for i in dense)
         row_bytes = [variables[i].shape[1:].num_elements() * variables[i].dtype.size for i in tables]
+        ids = id_dtype(self.row_sets.tables)
 
         def unite(gathered, size, is_global):
             unions = unpack_unions(gathered, self.row_sets.tables)
@@ -548,7 +549,7 @@ class StepSync:
         def through(process_set, kind, size, is_global):
             def run():
                 prefix = f"{self.name}_{kind}_{process_set.process_set_id}"
-                mine = tf.numpy_function(lambda: pack_rows(self.row_sets), [], tf.int64, stateful=True,
+                mine = tf.numpy_function(lambda: pack_rows(self.row_sets), [], tf.as_dtype(ids), stateful=True,
                                          name=f"{prefix}_pack")
                 mine.set_shape([None])
                 gathered = hvd.allgather(mine, name=f"{prefix}_rows", ignore_name_scope=True, process_set=process_set)
