@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,21 +31,32 @@ def run_variant(bed, example, variant, extra, timeout):
     rendezvous, port = _start_rendezvous(bed, deadline)
     before = bed.bottleneck_bytes()
     procs = []
+    # Every rank's stderr, to show where a failed job failed first.
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(bed.size)]
     try:
         for rank in range(bed.size):
             argv = [sys.executable, example, "--variants", variant, *extra]
             procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, "dssync-local", port),
                                    stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                   stderr=subprocess.STDOUT if rank == 0 else subprocess.DEVNULL, text=True))
+                                   stderr=logs[rank], text=True))
         out, _ = procs[0].communicate(timeout=max(1.0, deadline - time.monotonic()))
         for proc in procs[1:]:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         crossed = max((bed.bottleneck_bytes()[k] - before[k] for k in before), default=0)
         row = next((line for line in out.splitlines() if line.startswith(f"| {variant} |")), None)
         if row is None or any(p.returncode for p in procs):
-            raise RuntimeError(f"{variant} failed:\n{out[-2000:]}")
+            tails = []
+            for rank, log in enumerate(logs):
+                log.seek(0)
+                text = log.read()
+                if "Traceback" in text:
+                    tails.append(f"rank {rank}:\n{text[text.index('Traceback'):][-3000:]}")
+            raise RuntimeError(f"{variant} failed (exit codes {[p.returncode for p in procs]}):\n{out[-1000:]}\n"
+                               + "\n".join(tails))
         return row, crossed
     finally:
+        for log in logs:
+            log.close()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

@@ -14,9 +14,14 @@ same point. After Horovod is re-initialized for a new world, the next trace rebu
 world size (same arguments, same op names) and connects again; a graph traced for the old world fails
 with a clear error instead of using process sets that no longer exist.
 """
+import atexit
 import itertools
 import math
+import os
+import sys
+import threading
 import time
+import weakref
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -34,6 +39,11 @@ __all__ = ["StepSync", "ModelAverager", "make_plan"]
 # Branches of the step's switch: no model averaging (a bulk-synchronous step, or a group of one),
 # the average over all ranks, then one branch per distinct group of this rank.
 _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
+
+# Every StepSync of this process, for the exit-time drain (see _drain_before_shutdown).
+_live = weakref.WeakSet()
+_exit = {"drain_registered": False, "uncaught_exception": False}
+EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"  # the PyTorch adapter's variable, the same meaning
 
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
@@ -123,6 +133,7 @@ class StepSync:
         # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
         # fresh, and its op names must equal the survivors'.
         self.name = f"{name}_{next(_instances)}"
+        _watch_until_exit(self)
 
     def _use(self, plan):
         self.plan = plan
@@ -675,6 +686,52 @@ class StepSync:
                                      process_set=process_set, device_dense=self.device_dense,
                                      ignore_name_scope=True,
                                      name=f"{self.name}_{kind}_{process_set.process_set_id}")
+
+
+def _watch_until_exit(sync):
+    """Track ``sync``; once per process, arrange a drain before Horovod's own exit-time shutdown.
+
+    Registered after ``hvd.init()`` (which registers Horovod's shutdown), so it runs first.
+    """
+    _live.add(sync)
+    if _exit["drain_registered"]:
+        return
+    _exit["drain_registered"] = True
+    previous_hook = sys.excepthook
+
+    def note_uncaught(*exc_info):
+        _exit["uncaught_exception"] = True
+        previous_hook(*exc_info)
+
+    sys.excepthook = note_uncaught
+    atexit.register(_drain_before_shutdown)
+
+
+def _drain_before_shutdown():
+    """Let every rank finish its last group average before any rank shuts Horovod down (as the PyTorch adapter).
+
+    The groups of the last step finish at different times; a rank that exits and shuts Horovod down while
+    another group still averages makes that group's step fail. So a script that ends without a global
+    collective gets one here: an allreduce over each DS-Sync process set, waited for at most
+    ``HVD_DSSYNC_EXIT_TIMEOUT`` seconds (default 30), so that a rank whose peers are stuck or gone still
+    exits. Skipped after an uncaught exception, when Horovod's shutdown should reach the others at once.
+    """
+    if _exit["uncaught_exception"] or not hvd.is_initialized():
+        return
+    process_sets = {id(s.process_set): s.process_set for s in list(_live)}
+
+    def drain():
+        try:
+            for process_set in process_sets.values():
+                hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"DSSync_exit_{process_set.process_set_id}",
+                              process_set=process_set)
+        except Exception:  # Horovod already shut down by a failing peer: nothing left to drain
+            pass
+
+    # Horovod's eager op cannot be given a deadline; a daemon thread waiting for it can be left behind.
+    waiter = threading.Thread(target=drain, name="hvd_dssync-exit-drain", daemon=True)
+    waiter.start()
+    waiter.join(float(os.environ.get(EXIT_TIMEOUT_ENV, "30")))
 
 
 def _step_bits(step, dtype):
