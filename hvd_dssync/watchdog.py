@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 
-__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env", "describe_wait"]
+__all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env", "describe_wait", "EXIT_TIMEOUT_ENV", "exit_timeout",
+           "drain_at_exit"]
 
 TIMEOUT_ENV = "HVD_DSSYNC_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -161,3 +162,50 @@ def process_watchdog(shutdown):
     if "watchdog" not in _process:
         _process["watchdog"] = Watchdog(timeout_from_env(), shutdown)
     return _process["watchdog"]
+
+
+# The exit-time drain of both adapters: how long it waits for the other ranks (default 30 s).
+EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
+_uncaught = {"hooked": False, "seen": False}
+
+
+def exit_timeout():
+    """``HVD_DSSYNC_EXIT_TIMEOUT`` in seconds: how long an exit-time drain waits for the other ranks.
+
+    Example::
+
+        os.environ["HVD_DSSYNC_EXIT_TIMEOUT"] = "5"   # on every rank, before the script ends
+        exit_timeout()                                 # 5.0 (unset: 30.0)
+    """
+    return float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
+
+
+def drain_at_exit(drain):
+    """Run ``drain()`` when the interpreter exits, unless the script ended with an uncaught exception.
+
+    Under DS-Sync the groups of the last step finish at different times; a rank that exits and shuts
+    Horovod down while another group still averages makes that group's step fail, so each adapter drains
+    with one collective first. Register after ``hvd.init()``, which registers Horovod's own shutdown:
+    exit hooks run last-registered first. After an uncaught exception the drain is skipped, so that
+    Horovod's shutdown reaches the other ranks at once.
+
+    Example::
+
+        hvd.init()
+        drain_at_exit(lambda: hvd.allreduce(torch.zeros(1), name="exit", op=hvd.Sum))
+    """
+    if not _uncaught["hooked"]:
+        _uncaught["hooked"] = True
+        previous_hook = sys.excepthook
+
+        def note_uncaught(*exc_info):
+            _uncaught["seen"] = True
+            previous_hook(*exc_info)
+
+        sys.excepthook = note_uncaught
+
+    def run():
+        if not _uncaught["seen"]:
+            drain()
+
+    atexit.register(run)

@@ -14,11 +14,8 @@ same point. After Horovod is re-initialized for a new world, the next trace rebu
 world size (same arguments, same op names) and connects again; a graph traced for the old world fails
 with a clear error instead of using process sets that no longer exist.
 """
-import atexit
 import itertools
 import math
-import os
-import sys
 import threading
 import time
 import weakref
@@ -32,7 +29,7 @@ from ..plan import (BSP, GLOBAL, GROUP, LOCAL, Action, SyncPlan, agreement_field
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from ..sparse import RowSets, allgather_bytes, average_densely, id_dtype, pack_rows, unpack_unions
-from ..watchdog import describe_wait, process_watchdog
+from ..watchdog import describe_wait, drain_at_exit, exit_timeout, process_watchdog
 
 __all__ = ["StepSync", "ModelAverager", "make_plan"]
 
@@ -42,8 +39,7 @@ _KEEP, _GLOBAL, _FIRST_GROUP = 0, 1, 2
 
 # Every StepSync of this process, for the exit-time drain (see _drain_before_shutdown).
 _live = weakref.WeakSet()
-_exit = {"drain_registered": False, "uncaught_exception": False}
-EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"  # the PyTorch adapter's variable, the same meaning
+_exit = {"drain_registered": False}
 
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
@@ -421,7 +417,7 @@ class StepSync:
         writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
         if self.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
-        elif by_rows and any(v.ref() in by_rows for v in variables):
+        elif any(v.ref() in by_rows for v in variables):
             with tf.control_dependencies(check + [begun]):
                 variables, averaged, writes, means = self._average_rows(variables, values, bits, branch)
         else:
@@ -697,14 +693,7 @@ def _watch_until_exit(sync):
     if _exit["drain_registered"]:
         return
     _exit["drain_registered"] = True
-    previous_hook = sys.excepthook
-
-    def note_uncaught(*exc_info):
-        _exit["uncaught_exception"] = True
-        previous_hook(*exc_info)
-
-    sys.excepthook = note_uncaught
-    atexit.register(_drain_before_shutdown)
+    drain_at_exit(_drain_before_shutdown)
 
 
 def _drain_before_shutdown():
@@ -714,9 +703,9 @@ def _drain_before_shutdown():
     another group still averages makes that group's step fail. So a script that ends without a global
     collective gets one here: an allreduce over each DS-Sync process set, waited for at most
     ``HVD_DSSYNC_EXIT_TIMEOUT`` seconds (default 30), so that a rank whose peers are stuck or gone still
-    exits. Skipped after an uncaught exception, when Horovod's shutdown should reach the others at once.
+    exits. Skipped after an uncaught exception (:func:`hvd_dssync.watchdog.drain_at_exit`).
     """
-    if _exit["uncaught_exception"] or not hvd.is_initialized():
+    if not hvd.is_initialized():
         return
     process_sets = {id(s.process_set): s.process_set for s in list(_live)}
 
@@ -731,7 +720,7 @@ def _drain_before_shutdown():
     # Horovod's eager op cannot be given a deadline; a daemon thread waiting for it can be left behind.
     waiter = threading.Thread(target=drain, name="hvd_dssync-exit-drain", daemon=True)
     waiter.start()
-    waiter.join(float(os.environ.get(EXIT_TIMEOUT_ENV, "30")))
+    waiter.join(exit_timeout())
 
 
 def _step_bits(step, dtype):

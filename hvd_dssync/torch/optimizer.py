@@ -9,7 +9,6 @@ Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world
 notices it (this rank, the world size or the registered process sets changed), rebuilds the schedule for
 the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
-import atexit
 import collections
 import contextlib
 import itertools
@@ -34,15 +33,14 @@ from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
 from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
 from ..topology import loopback_hostname_warning
-from ..watchdog import describe_wait, process_watchdog
+from ..watchdog import describe_wait, drain_at_exit, exit_timeout, process_watchdog
 from . import collectives
 
 __all__ = ["DistributedOptimizer"]
 
 # Optimizers with an averaging in flight (overlap=True): synchronize_models() completes them first.
 _live_optimizers = weakref.WeakSet()
-_exit = {"drain_registered": False, "uncaught_exception": False}
-EXIT_TIMEOUT_ENV = "HVD_DSSYNC_EXIT_TIMEOUT"
+_exit = {"drain_registered": False}
 # Each optimizer's ops carry its process set and its number in construction order among the optimizers of
 # that set, the same on every member (ranks outside a set build none of its optimizers), so that two
 # optimizers' averages in flight at once never share an op name.
@@ -70,14 +68,7 @@ def _watch_until_exit(optimizer):
     message = loopback_hostname_warning(hvd.cross_size())
     if message:
         warnings.warn(message)
-    previous_hook = sys.excepthook
-
-    def note_uncaught(*exc_info):
-        _exit["uncaught_exception"] = True
-        previous_hook(*exc_info)
-
-    sys.excepthook = note_uncaught
-    atexit.register(_drain_before_shutdown)
+    drain_at_exit(_drain_before_shutdown)
 
 
 def _drain_before_shutdown():
@@ -87,9 +78,9 @@ def _drain_before_shutdown():
     Horovod down while another group still averages makes that group's op fail. So a script that ends
     without a global collective gets one here: a named allreduce, waited for at most
     ``HVD_DSSYNC_EXIT_TIMEOUT`` seconds (default 30) so that a rank whose peers are stuck or gone still
-    exits. Skipped after an uncaught exception, when Horovod's shutdown should reach the others at once.
+    exits. Skipped after an uncaught exception (:func:`hvd_dssync.watchdog.drain_at_exit`).
     """
-    if _exit["uncaught_exception"] or not hvd.is_initialized():
+    if not hvd.is_initialized():
         return
     try:
         optimizers = list(_live_optimizers)
@@ -97,7 +88,7 @@ def _drain_before_shutdown():
             optimizer.finish_pending()
         handles = [hvd.allreduce_async(torch.zeros(1), name="dssync.exit", op=hvd.Sum, process_set=process_set)
                    for process_set in _exit_process_sets(optimizers)]
-        deadline = time.monotonic() + float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
+        deadline = time.monotonic() + exit_timeout()
         while not all(hvd.poll(h) for h in handles) and time.monotonic() < deadline:
             time.sleep(0.01)
     except Exception:  # Horovod already shut down by a failing peer: nothing left to drain
