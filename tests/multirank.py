@@ -70,12 +70,42 @@ def job_env(launcher, extra=None):
     return env
 
 
+# What Horovod 0.28.1's background loop prints when a Gloo collective inside it times out. With dynamic
+# process sets on this 2-core machine it happens in roughly one torch_semantics job on 4 ranks in five
+# (measured 2026-11-24): every rank's Python is waiting on the same op of the same step (faulthandler
+# dumps), so the op sequences agree, and the ranks' background threads sit in Gloo collectives inside
+# Horovod (gdb). Turning off the response cache or never removing a process set did not change the rate;
+# MPI jobs never showed it. docs/reliability.md#horovods-gloo-controller-deadlock has the measurements.
+GLOO_DEADLOCK = "Horovod background loop uncaught exception"
+GLOO_TIMEOUT = ("ms for recv operation to complete", "ms for send operation to complete")
+
+
+def gloo_deadlock(output):
+    """Whether a failed job's output is Horovod's Gloo background-loop timeout (see GLOO_DEADLOCK)."""
+    return GLOO_DEADLOCK in output and any(t in output for t in GLOO_TIMEOUT)
+
+
 def run(launcher, np, script, *args, timeout=240, env=None, expect_failure=False):
     """Run ``tests/workers/<script>`` on ``np`` ranks; return its combined output.
 
     Fails the test (with all ranks' output) on a non-zero exit, or on a hang past ``timeout`` seconds,
     after killing the whole process group. With ``expect_failure`` a zero exit fails instead.
+
+    A Gloo job that ends in Horovod's own background-loop timeout (:func:`gloo_deadlock`) runs once more,
+    with a warning on standard error: that deadlock is inside Horovod's Gloo controller, not in the code
+    under test. Any other failure, or the same deadlock twice in a row, fails the test.
     """
+    try:
+        return _run_once(launcher, np, script, *args, timeout=timeout, env=env, expect_failure=expect_failure)
+    except JobFailed as failure:
+        if launcher != "gloo" or expect_failure or not gloo_deadlock(str(failure)):
+            raise
+        sys.stderr.write(f"multirank: {script} on {np} ranks hit Horovod's Gloo background-loop timeout; "
+                         "running it once more\n")
+        return _run_once(launcher, np, script, *args, timeout=timeout, env=env, expect_failure=expect_failure)
+
+
+def _run_once(launcher, np, script, *args, timeout, env, expect_failure):
     path = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = command(launcher, np, [path, *map(str, args)])
     started = time.monotonic()
