@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -80,6 +81,10 @@ GLOO_DEADLOCK = "Horovod background loop uncaught exception"
 GLOO_TIMEOUT = ("ms for recv operation to complete", "ms for send operation to complete")
 
 
+class GlooDeadlockRetry(UserWarning):
+    """A Gloo job hit Horovod's background-loop timeout and ran once more."""
+
+
 def gloo_deadlock(output):
     """Whether a failed job's output is Horovod's Gloo background-loop timeout (see GLOO_DEADLOCK)."""
     return GLOO_DEADLOCK in output and any(t in output for t in GLOO_TIMEOUT)
@@ -92,16 +97,17 @@ def run(launcher, np, script, *args, timeout=240, env=None, expect_failure=False
     after killing the whole process group. With ``expect_failure`` a zero exit fails instead.
 
     A Gloo job that ends in Horovod's own background-loop timeout (:func:`gloo_deadlock`) runs once more,
-    with a warning on standard error: that deadlock is inside Horovod's Gloo controller, not in the code
-    under test. Any other failure, or the same deadlock twice in a row, fails the test.
+    with a :class:`GlooDeadlockRetry` warning, which pytest lists in the run's summary: that deadlock is
+    inside Horovod's Gloo controller, not in the code under test. Any other failure, or the same deadlock
+    twice in a row, fails the test.
     """
     try:
         return _run_once(launcher, np, script, *args, timeout=timeout, env=env, expect_failure=expect_failure)
     except JobFailed as failure:
         if launcher != "gloo" or expect_failure or not gloo_deadlock(str(failure)):
             raise
-        sys.stderr.write(f"multirank: {script} on {np} ranks hit Horovod's Gloo background-loop timeout; "
-                         "running it once more\n")
+        warnings.warn(f"{script} on {np} ranks hit Horovod's Gloo background-loop timeout; running it once "
+                      "more", GlooDeadlockRetry, stacklevel=2)
         return _run_once(launcher, np, script, *args, timeout=timeout, env=env, expect_failure=expect_failure)
 
 

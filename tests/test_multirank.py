@@ -1,7 +1,7 @@
 """The test harness itself: a job that ends in Horovod's Gloo background-loop timeout runs once more."""
 import pytest
 
-from multirank import JobFailed, gloo_deadlock, run
+from multirank import GlooDeadlockRetry, JobFailed, gloo_deadlock, run
 
 
 def test_gloo_deadlock_signature():
@@ -12,12 +12,13 @@ def test_gloo_deadlock_signature():
 
 
 def test_gloo_timeout_runs_once_more(tmp_path):
-    output = run("gloo", 2, "gloo_timeout_once.py", tmp_path / "marker", timeout=60)
+    with pytest.warns(GlooDeadlockRetry, match="running it once more"):
+        output = run("gloo", 2, "gloo_timeout_once.py", tmp_path / "marker", timeout=60)
     assert output.count(": ran\n") == 2, output
 
 
 def test_gloo_timeout_twice_fails(tmp_path):
-    with pytest.raises(JobFailed, match="send operation"):
+    with pytest.raises(JobFailed, match="send operation"), pytest.warns(GlooDeadlockRetry):
         run("gloo", 2, "gloo_timeout_once.py", tmp_path / "marker", "always", timeout=60)
 
 
