@@ -6,11 +6,22 @@ average inside the schedule's groups instead; the averaging period (``average_ev
 average takes a large share of a step and shrinks when it no longer does. When the models drift apart
 beyond a bound, the next window starts with a global average.
 
-Every rank must take each decision at the same step, so decisions are taken only at the last step of
-each *window* of ``decide_every`` steps, from figures that every rank gathered at that step (one small
-allgather, the only communication this policy adds), by :func:`decide`, a pure function of those
-figures and the previous decision. A mode not in use has no fresh figures: one step in every
-``probe_every`` windows averages the other way (a *probe*), and in between the last figures are kept.
+Every rank must take each decision at the same step, so decisions are taken only at the last step of a
+*window* of ``decide_every`` steps that ends with a global average, from every rank's figures, by
+:func:`decide`, a pure function of those figures and the previous decision. The figures ride along in
+that global average (:func:`encode_figures`: each rank fills its own slots, the others are zeros, so
+every rank reads the same numbers), so the policy adds no collective of its own. Under global averaging
+every window ends so; under group averaging one window in ``probe_every`` does (a *probe* window, whose
+last two averages are global, so the global figure stays fresh). Under global averaging only the first
+window probes (its last average but one is a group one); from then on the last group figure is kept, and the
+policy switches when the global average's measured cost makes that figure worth it. So while the
+network stays fast the policy averages exactly as a fixed global schedule, and an adapter can release
+the groups' process sets (which Horovod would negotiate on every cycle) until it switches.
+
+The period follows the cost of an average as it moves: it doubles when the chosen mode's average costs
+``raise_ratio`` times the least it has cost in this job (per doubling already made), and halves back when
+the cost falls to ``lower_ratio`` times it. The optimizer's ``average_every`` is the user's choice for the
+network at its best, so the policy keeps it while the network stays as fast as it has been.
 """
 import logging
 import math
@@ -20,7 +31,7 @@ import numpy as np
 
 from .policy import BSP, GLOBAL, GROUP, LOCAL
 
-__all__ = ["AdaptivePolicy", "Decision", "decide", "AdaptiveState", "FIGURES"]
+__all__ = ["AdaptivePolicy", "Decision", "decide", "AdaptiveState", "FIGURES", "encode_figures", "decode_figures"]
 
 logger = logging.getLogger("hvd_dssync.adaptive")
 
@@ -48,14 +59,16 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: one window in ``probe_every`` averages the other way once (a group average under
-            global averaging) or twice (the last two averages under group averaging are global), so the
-            mode not in use keeps fresh figures; the first window always probes.
+        probe_every: under group averaging, the last two averages of one window in ``probe_every`` are
+            global (a probe), so the global figure stays fresh and the policy can decide; under global
+            averaging, only the first window probes (its last average but one is a group average).
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
             gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
-        raise_share, lower_share: double the period when an average takes more than ``raise_share`` of a
-            period's time, halve it when less than ``lower_share``.
+            A group average mixes the models less than a global one, which the default gain of 30% pays for.
+        raise_ratio, lower_ratio: at ``2**k`` times the shortest period, double the period when the chosen
+            mode's average costs at least ``raise_ratio * 2**k`` times the least it has cost in this job;
+            halve it when at most ``lower_ratio * 2**(k-1)`` times (the gap keeps it from flapping).
         drift_bound: when the largest relative distance between the models of a group before averaging
             (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
             starts with a global average. ``None``: never.
@@ -71,24 +84,27 @@ class AdaptivePolicy:
     """
 
     def __init__(self, decide_every=64, max_period=8, probe_every=4, enter_gain=0.3, leave_gain=0.1,
-                 raise_share=0.5, lower_share=0.2, drift_bound=0.05, min_period=1):
+                 raise_ratio=2.0, lower_ratio=1.5, drift_bound=0.05, min_period=1):
         self.decide_every = _positive("decide_every", decide_every)
         self.min_period = _positive("average_every", min_period)
         self.max_period = _positive("max_period", max_period)
         if max_period < min_period:
             raise ValueError(f"Arg ``max_period`` must be at least average_every ({min_period}), got {max_period}.")
         self.probe_every = _positive("probe_every", probe_every)
-        for name, value in (("enter_gain", enter_gain), ("leave_gain", leave_gain),
-                            ("raise_share", raise_share), ("lower_share", lower_share)):
+        for name, value in (("enter_gain", enter_gain), ("leave_gain", leave_gain)):
             _positive(name, value, integer=False, allow_zero=True)
             if value >= 1:
                 raise ValueError(f"Arg ``{name}`` must be a fraction in [0, 1), got {value!r}.")
         if leave_gain > enter_gain:
             raise ValueError(f"Arg ``leave_gain`` ({leave_gain}) must not exceed ``enter_gain`` ({enter_gain}).")
-        if lower_share > raise_share:
-            raise ValueError(f"Arg ``lower_share`` ({lower_share}) must not exceed ``raise_share`` ({raise_share}).")
+        for name, value in (("raise_ratio", raise_ratio), ("lower_ratio", lower_ratio)):
+            _positive(name, value, integer=False)
+            if value <= 1:
+                raise ValueError(f"Arg ``{name}`` must be a ratio above 1, got {value!r}.")
+        if lower_ratio > raise_ratio:
+            raise ValueError(f"Arg ``lower_ratio`` ({lower_ratio}) must not exceed ``raise_ratio`` ({raise_ratio}).")
         self.enter_gain, self.leave_gain = float(enter_gain), float(leave_gain)
-        self.raise_share, self.lower_share = float(raise_share), float(lower_share)
+        self.raise_ratio, self.lower_ratio = float(raise_ratio), float(lower_ratio)
         self.drift_bound = None if drift_bound is None else float(_positive("drift_bound", drift_bound, integer=False))
         periods = self.periods()
         if any(decide_every % p for p in periods):
@@ -105,7 +121,7 @@ class AdaptivePolicy:
     def config(self):
         return {"decide_every": self.decide_every, "min_period": self.min_period, "max_period": self.max_period,
                 "probe_every": self.probe_every, "enter_gain": self.enter_gain, "leave_gain": self.leave_gain,
-                "raise_share": self.raise_share, "lower_share": self.lower_share, "drift_bound": self.drift_bound}
+                "raise_ratio": self.raise_ratio, "lower_ratio": self.lower_ratio, "drift_bound": self.drift_bound}
 
     @classmethod
     def resolve(cls, policy, average_every=1, global_every=0):
@@ -146,8 +162,10 @@ class Decision(NamedTuple):
 
     ``mode`` is GLOBAL or GROUP; ``period`` the averaging period of the next window; ``sync_now`` makes
     its first averaging step a global one (drift control). The figures are the ranks' medians over the
-    window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is what group averaging
-    would save of a period's time, ``share`` what the chosen mode's average takes of it.
+    window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is
+    what group averaging would save of a period's time, ``share`` what the chosen mode's average takes of
+    it; ``global_floor`` and ``group_floor`` the least each kind of average has cost so far (the period's
+    reference).
 
     Example::
 
@@ -166,6 +184,8 @@ class Decision(NamedTuple):
     gain: float
     share: float
     reason: str
+    global_floor: float = float("nan")
+    group_floor: float = float("nan")
 
     def as_dict(self):
         return self._asdict()
@@ -181,6 +201,11 @@ def initial_decision(policy):
     """
     nan = float("nan")
     return Decision(-1, GLOBAL, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
+
+
+def _least(a, b):
+    """The smaller of two figures, either of which may be NaN (unknown)."""
+    return b if not math.isfinite(a) else a if not math.isfinite(b) else min(a, b)
 
 
 def _largest(column, previous, smallest=False):
@@ -227,22 +252,26 @@ def decide(figures, previous, policy, step):
         elif mode == GROUP and gain < policy.leave_gain:
             mode = GLOBAL
             reasons.append(f"group averages save only {gain:.0%} of a period")
-    cost = global_cost if mode == GLOBAL else group_cost
+    global_floor = _least(previous.global_floor, global_cost)
+    group_floor = _least(previous.group_floor, group_cost)
+    cost, floor = (global_cost, global_floor) if mode == GLOBAL else (group_cost, group_floor)
     if math.isfinite(cost) and math.isfinite(compute):
         share = cost / max(period * compute + cost, 1e-12)
+    if math.isfinite(cost) and math.isfinite(floor) and floor > 0:
         periods = policy.periods()
         at = periods.index(period) if period in periods else 0
-        if share > policy.raise_share and at + 1 < len(periods):
+        ratio = cost / floor
+        if ratio >= policy.raise_ratio * 2 ** at and at + 1 < len(periods):
             period = periods[at + 1]
-            reasons.append(f"an average takes {share:.0%} of a period")
-        elif share < policy.lower_share and at > 0:
+            reasons.append(f"an average costs {ratio:.1f}x its least")
+        elif at > 0 and ratio <= policy.lower_ratio * 2 ** (at - 1):
             period = periods[at - 1]
-            reasons.append(f"an average takes only {share:.0%} of a period")
+            reasons.append(f"an average costs only {ratio:.1f}x its least")
     sync_now = mode == GROUP and policy.drift_bound is not None and math.isfinite(drift) and drift > policy.drift_bound
     if sync_now:
         reasons.append(f"drift {drift:.3g} above {policy.drift_bound:g}")
     return Decision(int(step), mode, int(period), bool(sync_now), compute, global_cost, group_cost, drift,
-                    gain, share, "; ".join(reasons) or "unchanged")
+                    gain, share, "; ".join(reasons) or "unchanged", global_floor, group_floor)
 
 
 def _median(values):
@@ -251,22 +280,26 @@ def _median(values):
 
 class AdaptiveState:
     """One rank's adaptive policy at run time: the decision in force, this window's measurements, the step
-    of the schedule. Adapters call :meth:`action` for each step, :meth:`record` after it, and at a
-    :meth:`is_decision_step` gather :meth:`figures` from every rank and pass them to :meth:`conclude`.
+    of the schedule. Adapters call :meth:`action` for each step; at a :meth:`is_decision_step` they send
+    :meth:`figures` with the step's (global) average, or gather them, and pass every rank's to
+    :meth:`conclude`; then they :meth:`record` the step. A window's figures are those of its steps before
+    its last, whose average carries them (its own seconds are not recorded).
 
     Example (four ranks in one process, a global average that becomes slow)::
 
         >>> p = AdaptivePolicy(decide_every=4, max_period=1)
         >>> states = [AdaptiveState(p) for _ in range(4)]
-        >>> for step in range(8):
+        >>> decisions = []
+        >>> for step in range(12):
         ...     kind = states[0].action(step)
-        ...     for s in states:
-        ...         s.record(kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1)
-        ...     if states[0].is_decision_step(step):
+        ...     decided = states[0].is_decision_step(step)
+        ...     if decided:
         ...         gathered = np.concatenate([s.figures() for s in states])
         ...         decisions = [s.conclude(step, gathered) for s in states]
+        ...     for s in states:
+        ...         s.record(kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1, decided=decided)
         >>> {(d.step, d.mode, d.period) for d in decisions}  # the same on every rank
-        {(7, 'group', 1)}
+        {(3, 'group', 1)}
     """
 
     def __init__(self, policy, warmup_steps=0):
@@ -293,10 +326,12 @@ class AdaptiveState:
         last_two = at + 1 > self.policy.decide_every - 2 * period
         if self.decision.sync_now and first:
             return GLOBAL
-        probe = window % self.policy.probe_every == 0
         if self.decision.mode == GLOBAL:
-            return GROUP if probe and first else GLOBAL
-        return GLOBAL if probe and last_two else GROUP
+            # Only the first window probes, with its last average but one (a first step's seconds carry
+            # one-off costs, and the last average decides); the group figure is kept from then on.
+            probe_at = max(period, self.policy.decide_every - period)
+            return GROUP if window == 0 and at + 1 == probe_at else GLOBAL
+        return GLOBAL if window % self.policy.probe_every == 0 and last_two else GROUP
 
     def planned(self, start):
         """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
@@ -312,20 +347,32 @@ class AdaptiveState:
         """The step of the schedule for ``step``: it advances once per group average, as in :class:`Policy`."""
         return step if step < self.warmup_steps else self.warmup_steps + self.group_averages
 
-    def record(self, kind, seconds, compute_seconds=float("nan"), drift=float("nan")):
+    def record(self, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), decided=False):
         """Note one step: its kind, its averaging's seconds, its seconds outside the averaging, and the
-        relative distance of the models its average saw (NaN where not measured)."""
+        relative distance of the models its average saw (NaN where not measured). ``decided``: the step
+        was a decision step, whose average carried the figures: its seconds belong to no window."""
         if kind == GROUP:
             self.group_averages += 1
-        if kind in (GLOBAL, GROUP) and math.isfinite(seconds):
+        if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
             self._samples[kind].append(float(seconds))
         if math.isfinite(compute_seconds):
             self._samples["compute"].append(float(compute_seconds))
         if math.isfinite(drift):
             self._drift = drift if not math.isfinite(self._drift) else max(self._drift, drift)
 
-    def is_decision_step(self, step):
+    def uses_groups(self):
+        """Whether the decision in force averages in groups at all (after the first window): an adapter
+        may hold the groups' process sets only then."""
+        return self.decision.mode == GROUP
+
+    def is_window_end(self, step):
+        """Whether ``step`` is the last of a window (the next one may follow another pattern)."""
         return step >= self.warmup_steps and self._window(step)[1] == self.policy.decide_every - 1
+
+    def is_decision_step(self, step):
+        """Whether the ranks decide at ``step``: the last step of a window, when it averages globally (so
+        the figures can ride along; see the module's text)."""
+        return self.is_window_end(step) and self.action(step) == GLOBAL
 
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array for an allgather."""
@@ -355,6 +402,36 @@ class AdaptiveState:
         self.group_averages = int(state["group_averages"])
         self._samples = {GLOBAL: [], GROUP: [], "compute": []}
         self._drift = float("nan")
+
+
+# Figures travel as whole numbers of this unit (10 us, or 1e-5 of drift), each below 2**23, so that in
+# float32 a slot holding one rank's number and zeros elsewhere sums to that number exactly in any order.
+_UNIT, _CAP = 1e-5, 2 ** 23 - 1
+
+
+def encode_figures(figures, rank, size):
+    """``figures`` (one rank's row, :data:`FIGURES`' order) in this rank's slots of a vector of ``size``
+    rows, zeros elsewhere: averaged (or summed) over the ranks, it holds every rank's row
+    (:func:`decode_figures`), and every rank reads the same numbers. NaN travels as -1.
+
+    Example::
+
+        >>> v = sum(encode_figures([[0.01, 0.2, float("nan"), 0.003]], r, 2) for r in range(2)) / 2
+        >>> decode_figures(v, 2, averaged=True)[1].tolist()
+        [0.01, 0.2, nan, 0.003]
+    """
+    row = np.asarray(figures, dtype=np.float64).reshape(len(FIGURES))
+    units = np.where(np.isfinite(row), np.minimum(np.round(np.nan_to_num(row) / _UNIT), _CAP), -1.0)
+    out = np.zeros((size, len(FIGURES)))
+    out[rank] = np.maximum(units, -1.0)
+    return out.reshape(-1)
+
+
+def decode_figures(vector, size, averaged=False):
+    """Every rank's figures, ``(size, len(FIGURES))``, from the slots of :func:`encode_figures` summed over
+    the ranks (``averaged``: divided by ``size``, as an average returns them)."""
+    units = np.round(np.asarray(vector, dtype=np.float64).reshape(size, len(FIGURES)) * (size if averaged else 1))
+    return np.where(units < 0, np.nan, units * _UNIT)
 
 
 def drift_of(mean_square_norm, averaged_square_norm):

@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dssync.adaptive import AdaptivePolicy, AdaptiveState, decide, drift_of, initial_decision
+from hvd_dssync.adaptive import (AdaptivePolicy, AdaptiveState, decide, decode_figures, drift_of, encode_figures,
+                                 initial_decision)
 from hvd_dssync.plan import SyncPlan, agreement_fields
 from hvd_dssync.policy import GLOBAL, GROUP, LOCAL
 
@@ -46,11 +47,46 @@ def test_hysteresis_keeps_a_mode_between_the_two_gains():
     assert len({d.mode for d in play(p, noisy)}) == 1
 
 
-def test_period_grows_with_the_cost_of_an_average_and_shrinks_back():
-    p = AdaptivePolicy(decide_every=16, max_period=8)
-    costly, cheap = (0.01, 0.05, 0.05), (0.01, 0.001, 0.001)
-    periods = [d.period for d in play(p, [costly] * 4 + [cheap] * 4)]
-    assert periods == [2, 4, 8, 8, 4, 2, 1, 1]
+def test_period_follows_the_cost_of_an_average_against_its_least():
+    p = AdaptivePolicy(decide_every=16, max_period=8)  # periods 1, 2, 4, 8: up at 2x per level, down at 1.5x
+    costs = (0.01, 0.012, 0.025, 0.05, 0.1, 0.1, 0.05, 0.02, 0.014, 0.01)
+    decisions = play(p, [(0.01, c, c) for c in costs])  # group averages save nothing: global throughout
+    assert [d.period for d in decisions] == [1, 1, 2, 4, 8, 8, 4, 2, 1, 1]
+    assert {d.mode for d in decisions} == {GLOBAL} and {d.global_floor for d in decisions} == {0.01}
+    # A network that is slow from the start keeps the user's period: the cost is measured against its least.
+    assert {d.period for d in play(p, [(0.01, 0.5, 0.5)] * 4)} == {1}
+    # Noise around a threshold does not flap: between 1.5x and 2x the period stays where it is.
+    rng = np.random.default_rng(0)
+    noisy = [(0.01, 0.01, 0.01)] + [(0.01, c, c) for c in 0.0175 * rng.uniform(0.9, 1.1, 40)]
+    assert len({d.period for d in play(p, noisy)[1:]}) == 1
+
+
+def test_decisions_come_only_at_windows_that_end_with_a_global_average():
+    p = AdaptivePolicy(decide_every=8, max_period=4, probe_every=2)
+    state = AdaptiveState(p)
+    state.decision = state.decision._replace(period=4)
+    # Global averages: every window ends with one (the probe is the first average of a window).
+    assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 23, 31]
+    # Group averages: only the probe windows (one in probe_every) end with a global average.
+    state.decision = state.decision._replace(mode=GROUP)
+    assert [t for t in range(32) if state.is_decision_step(t)] == [7, 23]
+
+
+@pytest.mark.parametrize("size", [2, 8, 1000])
+def test_figures_ride_along_an_average_and_every_rank_reads_the_same(size):
+    import torch
+
+    rng = np.random.default_rng(size)
+    figures = rng.uniform(0, 3, (size, 4))
+    figures[rng.random((size, 4)) < 0.2] = NAN
+    slots = [torch.from_numpy(encode_figures(figures[r], r, size)).float() for r in range(size)]
+    # Summed in two different orders, as two ranks' collectives might, then averaged: the same bits.
+    forward = torch.stack(slots).sum(0) / size
+    backward = torch.stack(slots[::-1]).cumsum(0)[-1] / size
+    assert torch.equal(forward, backward)
+    decoded = decode_figures(forward.double().numpy(), size, averaged=True)
+    assert np.array_equal(np.isnan(decoded), np.isnan(figures))
+    assert np.nanmax(np.abs(decoded - figures)) <= 1e-5
 
 
 def test_the_slowest_rank_paces_and_missing_figures_keep_their_last_value():
@@ -83,8 +119,9 @@ def test_drift_above_the_bound_starts_the_next_window_with_a_global_average():
 def test_probes_give_the_mode_not_in_use_fresh_figures():
     p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
     state = AdaptiveState(p, warmup_steps=1)
-    # Global averages: the first average of a probe window is a group average.
-    assert [state.action(t) for t in range(10)] == ["bsp", GROUP] + [GLOBAL] * 8
+    # Global averages: the last average but one of the first window is a group average, and no later one is.
+    assert [state.action(t) for t in range(10)] == ["bsp"] + [GLOBAL] * 6 + [GROUP, GLOBAL, GLOBAL]
+    assert {state.action(t) for t in range(9, 41)} == {GLOBAL}
     # Group averages every 2 steps: the last two averages of a probe window are global (the first brings
     # the ranks together in time, the second measures the collective alone).
     state.decision = state.decision._replace(mode=GROUP, period=2)
@@ -124,7 +161,8 @@ def test_drift_from_norms():
     (dict(decide_every=0), "Arg ``decide_every`` must be a positive integer"),
     (dict(decide_every=12, max_period=8), "multiple of every period"),
     (dict(enter_gain=0.1, leave_gain=0.2), "Arg ``leave_gain``"),
-    (dict(raise_share=1.5), "Arg ``raise_share`` must be a fraction"),
+    (dict(raise_ratio=0.9), "Arg ``raise_ratio`` must be a ratio above 1"),
+    (dict(raise_ratio=1.5, lower_ratio=1.8), "Arg ``lower_ratio``"),
     (dict(drift_bound=-1.0), "Arg ``drift_bound``"),
 ])
 def test_bad_settings_name_the_argument(bad, message):

@@ -308,19 +308,20 @@ class StepSync:
     def adapt(self, step, seconds, compute_seconds):
         """Note step ``step``'s figures under the adaptive policy; at a decision step, decide and set the next
         window's branches. Call it on every rank after each step (``SyncStatsCallback`` does), before the
-        next: a decision step gathers every rank's figures (one small allgather, eager). Returns the
+        next: a decision step gathers every rank's figures (one small allgather, eager; the traced step's
+        averages cannot carry them as the PyTorch adapter's do). Returns the
         decision's dict at a decision step, else None.
         """
         adaptive = self.plan.adaptive
-        kind = adaptive.action(step)
-        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds)
-        if not adaptive.is_decision_step(step):
-            return None
-        gathered = hvd.allgather(tf.constant(adaptive.figures()), name=f"{self.name}_adaptive",
-                                 process_set=self.process_set)
-        decision = adaptive.conclude(step, gathered.numpy()).as_dict()
-        self._window.assign(self._window_table(step + 1))
-        self.decisions.append(decision)
+        kind, decision, decided = adaptive.action(step), None, adaptive.is_decision_step(step)
+        if decided:
+            gathered = hvd.allgather(tf.constant(adaptive.figures()), name=f"{self.name}_adaptive",
+                                     process_set=self.process_set)
+            decision = adaptive.conclude(step, gathered.numpy()).as_dict()
+            self.decisions.append(decision)
+        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds, decided=decided)
+        if adaptive.is_window_end(step):  # the next window's branches (a probe window's differ)
+            self._window.assign(self._window_table(step + 1))
         return decision
 
     def branch(self, step):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..adaptive import AdaptivePolicy, drift_of
+from ..adaptive import AdaptivePolicy, decode_figures, drift_of, encode_figures
 from ..guards import check_nccl_process_sets, describe_step_drift, step_signature, steps_differ
 from ..join import JoinState
 from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
@@ -182,6 +182,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._row_sets = None
         self._loaded_rows = None  # sets from load_state_dict(), applied when the tables are agreed
         self._drift = float("nan")
+        self._gathered_figures = None  # every rank's adaptive-policy figures, when they rode along an average
+        self._group_sets_released = False  # the adaptive policy averages globally and gave the groups' sets back
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -192,6 +194,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._check_ranks_agree()
             # The first window's process sets now, with the agreement: not in the first average's time.
             self._enter_window()
+            self._warm_window_sets()
         _watch_until_exit(self)
 
     # --- what users see ---------------------------------------------------------------------
@@ -388,6 +391,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if self._plan.adaptive is not None:
             self._plan.adaptive.load(hvd_functions.broadcast_object(
                 self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state", process_set=self.process_set))
+            self._hold_group_sets(True)  # the sets come back at the next average if the policy needs them
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -417,6 +421,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._sparse_tables = self._row_sets = self._loaded_rows = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
+        self._group_sets_released = False  # the new plan registers its window at the next average
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
         self._joins = JoinState(self._scope.world_size)
@@ -473,11 +478,30 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def _enter_window(self):
         """Register the process sets of the schedule's window at this step and release the last window's, when
         the step enters a new window (collectives: every rank at the same step)."""
+        if self._group_sets_released:
+            return
         change = self._plan.window_change(self.sync_step)
         if change is not None and not self._in_process_set():
             acquire, release = change
             self._registry.acquire(acquire)
             self._registry.release(release)
+
+    def _warm_window_sets(self):
+        """One tiny allreduce on each of the first window's process sets this rank belongs to, so that
+        Horovod's one-off set-up of a set's first collective (about 0.2 s on the bench's testbed) is taken
+        here and not by the first average in it. Only where every rank belongs to as many of the sets: every
+        Horovod op advances the counter that names a script's unnamed ops."""
+        if self._in_process_set():
+            return
+        groups = [g for g in self._plan.schedule.window_groups(0) if 1 < len(g) < self._scope.world_size]
+        counts = {sum(position in g for g in groups) for position in range(self._scope.world_size)}
+        if not groups or len(counts) != 1:
+            return
+        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{self._name}.warm.{k}", op=hvd.Sum,
+                                        process_set=self._registry.get(self._scope.to_global(g)))
+                   for k, g in enumerate(groups) if self._scope.rank in g]
+        for handle in handles:
+            collectives.wait(handle)
 
     def _average_model(self, action):
         self.finish_pending()
@@ -622,29 +646,52 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def _average_measuring_drift(self, tensors, signature, name, process_set):
         """The group average, with each member's squared norm riding along (one more element in the same
-        collective), so that the members learn how far apart their models were (:func:`drift_of`)."""
+        collective), so that the members learn how far apart their models were (:func:`drift_of`). At a
+        decision step (a global average) every rank's figures ride along too (:func:`encode_figures`)."""
+        adaptive, size = self._plan.adaptive, self._scope.world_size
         square = sum(float(t.double().pow(2).sum()) for t in tensors)
-        carried = torch.cat([signature, torch.tensor([square], dtype=signature.dtype)])
+        deciding = adaptive.is_decision_step(self.sync_step)
+        extra = [square] + (encode_figures(adaptive.figures(), self._scope.rank, size).tolist() if deciding else [])
+        carried = torch.cat([signature, torch.tensor(extra, dtype=signature.dtype)])
         collectives.grouped_allreduce_(tensors + [carried], name=name, op=hvd.Average, process_set=process_set)
-        self._drift = drift_of(float(carried[-1]), sum(float(t.double().pow(2).sum()) for t in tensors))
-        return carried[:-1]
+        at = len(signature)
+        self._drift = drift_of(float(carried[at]), sum(float(t.double().pow(2).sum()) for t in tensors))
+        if deciding:
+            self._gathered_figures = decode_figures(carried[at + 1:].double().numpy(), size, averaged=True)
+        return carried[:at]
 
     def _adapt(self, action):
-        """Note this step's figures; at a decision step gather every rank's and decide (one small allgather)."""
+        """At a decision step, decide from every rank's figures (which rode along in the step's global
+        average, or else one small allgather); then note this step's figures for the next window."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
+        decided = adaptive.is_decision_step(self.sync_step)
+        if decided:
+            gathered, self._gathered_figures = self._gathered_figures, None
+            if gathered is None:  # the average did not carry them (compression, overlap, a world of one)
+                everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+                with self._bounded(everyone, self.sync_step):
+                    gathered = hvd.allgather(torch.from_numpy(adaptive.figures()), name=f"{self._name}.adaptive",
+                                             process_set=self.process_set).numpy()
+            decision = adaptive.conclude(self.sync_step, gathered)
+            self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
+                                  decision=decision.as_dict())
+            self._hold_group_sets(adaptive.uses_groups())
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
         seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
         compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
-        adaptive.record(action.kind, seconds, compute, self._drift)
-        if adaptive.is_decision_step(self.sync_step):
-            everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
-            with self._bounded(everyone, self.sync_step):
-                gathered = hvd.allgather(torch.from_numpy(adaptive.figures()), name=f"{self._name}.adaptive",
-                                         process_set=self.process_set)
-            decision = adaptive.conclude(self.sync_step, gathered.numpy())
-            self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
-                                  decision=decision.as_dict())
+        adaptive.record(action.kind, seconds, compute, self._drift, decided=decided)
         self._step_ended = time.perf_counter()
+
+    def _hold_group_sets(self, wanted):
+        """At a decision step (every rank at once): release the schedule's process sets while the policy
+        averages globally, since Horovod negotiates every registered set on every cycle, which made each
+        global average of the bench's 8 ranks cost about 0.11 s instead of 0.07 s. The first group average
+        after a switch registers them again (:meth:`_enter_window`). Sets given up front are kept."""
+        if wanted or self._in_process_set():
+            self._group_sets_released = False
+        elif not self._group_sets_released:
+            self._registry.release(self._plan.forget_window())
+            self._group_sets_released = True
 
     # --- inside a process set, and lossy compression -----------------------------------------
 
