@@ -144,7 +144,8 @@ def _make_contender(name, model, config, rank, size):
             sync = None
         else:
             kwargs = dssync_arguments(name, config)
-            dss.init(seed=config["seed"], **{k: v for k, v in kwargs.items() if k != "average_every"})
+            dss.init(seed=config["seed"], policy="adaptive" if name in POLICY else None,
+                     **{k: v for k, v in kwargs.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
