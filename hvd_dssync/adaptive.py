@@ -15,8 +15,7 @@ every window ends so; under group averaging one window in ``probe_every`` does (
 last two averages are global, so the global figure stays fresh). Under global averaging only the first
 window probes (its last average but one is a group one); from then on the last group figure is kept, and the
 policy switches when the global average's measured cost makes that figure worth it. So while the
-network stays fast the policy averages exactly as a fixed global schedule, and an adapter can release
-the groups' process sets (which Horovod would negotiate on every cycle) until it switches.
+network stays fast the policy averages as a fixed global schedule does.
 
 The period follows the cost of an average as it moves: it doubles when the chosen mode's average costs
 ``raise_ratio`` times the least it has cost in this job (per doubling already made), and halves back when
@@ -359,11 +358,6 @@ class AdaptiveState:
             self._samples["compute"].append(float(compute_seconds))
         if math.isfinite(drift):
             self._drift = drift if not math.isfinite(self._drift) else max(self._drift, drift)
-
-    def uses_groups(self):
-        """Whether the decision in force averages in groups at all (after the first window): an adapter
-        may hold the groups' process sets only then."""
-        return self.decision.mode == GROUP
 
     def is_window_end(self, step):
         """Whether ``step`` is the last of a window (the next one may follow another pattern)."""

@@ -40,10 +40,10 @@ OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
-# They start from the local-step contenders' period and may decide every 8 steps (two averages), so that a run of a few
+# They start from the local-step contenders' period and decide every 16 steps (four averages), so that a run of a few
 # hundred steps sees them decide several times; "-mode" keeps the period and chooses only between global
 # and group averages.
-POLICY = {"dssync-adaptive": {"decide_every": 8}, "dssync-adaptive-mode": {"decide_every": 8, "max_period": 4}}
+POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
@@ -144,8 +144,7 @@ def _make_contender(name, model, config, rank, size):
             sync = None
         else:
             kwargs = dssync_arguments(name, config)
-            dss.init(seed=config["seed"], policy="adaptive" if name in POLICY else None,
-                     **{k: v for k, v in kwargs.items() if k != "average_every"})
+            dss.init(seed=config["seed"], **{k: v for k, v in kwargs.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,

@@ -144,7 +144,7 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
 
 
 def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
-         world_size=None, schedule_options=None, process_sets=None, policy=None):
+         world_size=None, schedule_options=None, process_sets=None):
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
@@ -157,12 +157,6 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     With ``process_sets`` (Horovod ``ProcessSet`` objects, as for ``hvd.init``), DS-Sync will train inside
     each of them (``DistributedOptimizer(..., process_set=ps)``): those sets and each one's groups are
     registered, statically, instead of the whole job's groups. Call it on every rank.
-
-    With ``policy="adaptive"`` (or an ``AdaptivePolicy``; as given to :func:`DistributedOptimizer`) the
-    groups are not registered statically: the adaptive policy averages globally while the network is fast,
-    and the optimizer gives the groups' sets back meanwhile, which static sets cannot be. On the bench's 8
-    ranks, two static sets beside the global one made each global average cost about 0.10 s instead of
-    0.065 s; dynamic mode with the global set alone, about 0.075 s.
 
     The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``.
 
@@ -178,7 +172,7 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     size = world_size or _launcher_world_size(comm)
     static = None
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
-    if size and policy in (None, "fixed") and (schedule != "topology" or isinstance(topology, (list, Topology))):
+    if size and (schedule != "topology" or isinstance(topology, (list, Topology))):
         spec = Topology.parse(topology) if topology is not None else None
         plan = SyncPlan(0, size, schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
                         topology=spec, schedule_options=schedule_options)

@@ -183,7 +183,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._loaded_rows = None  # sets from load_state_dict(), applied when the tables are agreed
         self._drift = float("nan")
         self._gathered_figures = None  # every rank's adaptive-policy figures, when they rode along an average
-        self._group_sets_released = False  # the adaptive policy averages globally and gave the groups' sets back
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -391,7 +390,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if self._plan.adaptive is not None:
             self._plan.adaptive.load(hvd_functions.broadcast_object(
                 self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state", process_set=self.process_set))
-            self._hold_group_sets(True)  # the sets come back at the next average if the policy needs them
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -421,7 +419,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._sparse_tables = self._row_sets = self._loaded_rows = None
         self._generation = self._registry.refresh()
         self._world_check_pending = False
-        self._group_sets_released = False  # the new plan registers its window at the next average
         arguments = arguments_for_world(self._plan_arguments, hvd.size())
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
         self._joins = JoinState(self._scope.world_size)
@@ -478,8 +475,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def _enter_window(self):
         """Register the process sets of the schedule's window at this step and release the last window's, when
         the step enters a new window (collectives: every rank at the same step)."""
-        if self._group_sets_released:
-            return
         change = self._plan.window_change(self.sync_step)
         if change is not None and not self._in_process_set():
             acquire, release = change
@@ -675,23 +670,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             decision = adaptive.conclude(self.sync_step, gathered)
             self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
                                   decision=decision.as_dict())
-            self._hold_group_sets(adaptive.uses_groups())
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
         seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
         compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
         adaptive.record(action.kind, seconds, compute, self._drift, decided=decided)
         self._step_ended = time.perf_counter()
-
-    def _hold_group_sets(self, wanted):
-        """At a decision step (every rank at once): release the schedule's process sets while the policy
-        averages globally, since Horovod negotiates every registered set on every cycle, which made each
-        global average of the bench's 8 ranks cost about 0.11 s instead of 0.07 s. The first group average
-        after a switch registers them again (:meth:`_enter_window`). Sets given up front are kept."""
-        if wanted or self._in_process_set():
-            self._group_sets_released = False
-        elif not self._group_sets_released:
-            self._registry.release(self._plan.forget_window())
-            self._group_sets_released = True
 
     # --- inside a process set, and lossy compression -----------------------------------------
 
