@@ -391,6 +391,38 @@ class AdaptiveState:
         """Plain data for a checkpoint: the decision in force and the schedule's step."""
         return {"decision": self.decision.as_dict(), "group_averages": self.group_averages}
 
+    _NUMBERS = ("step", "period", "sync_now", "compute_seconds", "global_seconds", "group_seconds", "drift", "gain",
+                "share", "global_floor", "group_floor")
+
+    def vector(self):
+        """:meth:`state` as float64 numbers, for one small broadcast with the step (the reason's words stay)."""
+        d = self.decision
+        return np.array([float(getattr(d, k)) for k in self._NUMBERS] + [float(d.mode == GROUP), self.group_averages],
+                        dtype=np.float64)
+
+    def load_vector(self, vector):
+        """Take the state of another rank's :meth:`vector`; its reason reads "taken from another rank"
+        unless it is this rank's own decision.
+
+        Example::
+
+            >>> a, b = AdaptiveState(AdaptivePolicy()), AdaptiveState(AdaptivePolicy())
+            >>> a.decision = a.decision._replace(mode=GROUP, period=2, step=63)
+            >>> b.load_vector(a.vector()); (b.decision.mode, b.decision.period, b.decision.step)
+            ('group', 2, 63)
+        """
+        values = dict(zip(self._NUMBERS, np.asarray(vector, dtype=np.float64).tolist()))
+        mode = GROUP if vector[len(self._NUMBERS)] else GLOBAL
+        for key in ("step", "period"):
+            values[key] = int(values[key])
+        values["sync_now"] = bool(values["sync_now"])
+        reason = self.decision.reason if self.vector().tobytes() == np.asarray(vector).tobytes() \
+            else "taken from another rank"
+        self.decision = Decision(mode=mode, reason=reason, **values)
+        self.group_averages = int(vector[len(self._NUMBERS) + 1])
+        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
+        self._drift = float("nan")
+
     def load(self, state):
         self.decision = Decision(**state["decision"])
         self.group_averages = int(state["group_averages"])

@@ -27,7 +27,7 @@ from horovod.torch import functions as hvd_functions
 from ..adaptive import AdaptivePolicy, decode_figures, drift_of, encode_figures
 from ..guards import check_nccl_process_sets, describe_step_drift, step_signature, steps_differ
 from ..join import JoinState
-from ..plan import (BSP, GLOBAL, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
+from ..plan import (BSP, GLOBAL, GROUP, LOCAL, SyncPlan, agreement_fields, agreement_payload, arguments_for_world,
                     check_agreement, check_horovod_arguments, resolve_schedule, ring_allreduce_bytes)
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
@@ -378,18 +378,22 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if self._world_check_pending or self._world_changed():
             self._join_world()
         elif not self._step_settled:
-            root = self._scope.to_global((0,))[0]
-            step = hvd.broadcast(torch.tensor([self.sync_step], dtype=torch.int64), root,
-                                 name=f"{self._name}.step", process_set=self.process_set)
-            self.sync_step = int(step.item())
-            self._take_adaptive_state(root)
+            self._take_state(self._scope.to_global((0,))[0], with_step=True)
         self._step_settled = True
 
-    def _take_adaptive_state(self, root):
-        """The adaptive policy's decision in force and schedule step, from ``root`` (a collective, with the step)."""
-        if self._plan.adaptive is not None:
-            self._plan.adaptive.load(hvd_functions.broadcast_object(
-                self._plan.adaptive.state(), root, name=f"{self._name}.adaptive_state", process_set=self.process_set))
+    def _take_state(self, root, with_step):
+        """``root``'s step (``with_step``) and adaptive policy state: the decision in force and the schedule's
+        step (a collective: one broadcast of a few float64 numbers; ``broadcast_object`` took 0.19 s)."""
+        adaptive = self._plan.adaptive
+        mine = ([float(self.sync_step)] if with_step else []) + ([] if adaptive is None else adaptive.vector().tolist())
+        if not mine:
+            return
+        got = hvd.broadcast(torch.tensor(mine, dtype=torch.float64), root, name=f"{self._name}.step",
+                            process_set=self.process_set).numpy()
+        if with_step:
+            self.sync_step, got = int(got[0]), got[1:]
+        if adaptive is not None:
+            adaptive.load_vector(got)
 
     def _world_changed(self):
         """Whether Horovod was re-initialized since this optimizer last looked; no communication.
@@ -427,7 +431,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if adaptive is not None:
             self._plan.adaptive.load(adaptive.state())
         self.sync_step = self._check_ranks_agree(with_step=True)
-        self._take_adaptive_state(0)  # a newcomer's decision is rank 0's, as its step
+        self._take_state(0, with_step=False)  # a newcomer's decision is rank 0's, as its step
 
     @contextlib.contextmanager
     def _amp_scaling(self):
@@ -543,7 +547,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             return
         with self._bounded(action, self.sync_step):
             if self._compression is hvd.Compression.none and self._plan.adaptive is not None:
-                signature = self._average_measuring_drift(tensors, signature, name, process_set)
+                signature = self._average_adapting(tensors, signature, name, process_set, action)
             elif self._compression is hvd.Compression.none:
                 collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average,
                                                process_set=process_set)
@@ -639,20 +643,27 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     # --- the adaptive policy ------------------------------------------------------------------
 
-    def _average_measuring_drift(self, tensors, signature, name, process_set):
-        """The group average, with each member's squared norm riding along (one more element in the same
-        collective), so that the members learn how far apart their models were (:func:`drift_of`). At a
-        decision step (a global average) every rank's figures ride along too (:func:`encode_figures`)."""
+    def _average_adapting(self, tensors, signature, name, process_set, action):
+        """The average, with what the adaptive policy needs riding along in the same collective: in a group
+        average, each member's squared norm (one element), so that the members learn how far apart their
+        models were (:func:`drift_of`; the policy uses it under group averaging only, so global averages
+        skip the norms, 7 ms a step on the bench); at a decision step, every rank's figures
+        (:func:`encode_figures`)."""
         adaptive, size = self._plan.adaptive, self._scope.world_size
-        square = sum(float(t.double().pow(2).sum()) for t in tensors)
-        deciding = adaptive.is_decision_step(self.sync_step)
-        extra = [square] + (encode_figures(adaptive.figures(), self._scope.rank, size).tolist() if deciding else [])
+        measuring, deciding = action.kind == GROUP, adaptive.is_decision_step(self.sync_step)
+        extra = [_square_norm(tensors)] if measuring else []
+        if deciding:
+            extra += encode_figures(adaptive.figures(), self._scope.rank, size).tolist()
+        if not extra:
+            collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
+            return signature
         carried = torch.cat([signature, torch.tensor(extra, dtype=signature.dtype)])
         collectives.grouped_allreduce_(tensors + [carried], name=name, op=hvd.Average, process_set=process_set)
         at = len(signature)
-        self._drift = drift_of(float(carried[at]), sum(float(t.double().pow(2).sum()) for t in tensors))
+        if measuring:
+            self._drift = drift_of(float(carried[at]), _square_norm(tensors))
         if deciding:
-            self._gathered_figures = decode_figures(carried[at + 1:].double().numpy(), size, averaged=True)
+            self._gathered_figures = decode_figures(carried[at + measuring:].double().numpy(), size, averaged=True)
         return carried[:at]
 
     def _adapt(self, action):
@@ -835,6 +846,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self.process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
         return ranks[0]["step"] if with_step else self.sync_step
+
+
+def _square_norm(tensors):
+    """The squared norm of all ``tensors`` together, accumulated in float64 without a float64 copy of
+    them (12x faster than ``t.double().pow(2).sum()`` on the bench's 1.2 MB model: 0.17 ms against 2.1)."""
+    return sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors)
 
 
 def _gradient_rows(p):
