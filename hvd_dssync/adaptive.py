@@ -207,6 +207,12 @@ def _least(a, b):
     return b if not math.isfinite(a) else a if not math.isfinite(b) else min(a, b)
 
 
+def _typical(column, fallback):
+    """The median over the ranks of a figure (the typical rank's), or ``fallback`` where none measured it."""
+    finite = column[np.isfinite(column)]
+    return float(np.median(finite)) if finite.size else fallback
+
+
 def _largest(column, previous, smallest=False):
     finite = column[np.isfinite(column)]
     if not finite.size:
@@ -218,8 +224,9 @@ def decide(figures, previous, policy, step):
     """The next window's :class:`Decision`, from every rank's ``figures`` (rows, in :data:`FIGURES`' order).
 
     A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
-    slowest rank paces the steps, so the compute time, the group averages' time and the drift are the
-    largest over the ranks. A global average is one collective of all ranks, and its time on a rank
+    slowest rank paces the steps under global averages, so the compute time, the group averages' time and
+    the drift are the largest over the ranks; under group averages a typical rank waits only for its
+    group, so their period counts the median rank's compute time (a straggler favours groups). A global average is one collective of all ranks, and its time on a rank
     includes waiting for the others to arrive (after group averages the ranks drift apart in time);
     the last to arrive waits for nobody, so its time, the smallest, is the collective's own cost. A
     figure no rank measured keeps its previous value.
@@ -237,6 +244,7 @@ def decide(figures, previous, policy, step):
     """
     figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
     compute = _largest(figures[:, 0], previous.compute_seconds)
+    typical = _typical(figures[:, 0], compute)
     global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
     group_cost = _largest(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
@@ -244,7 +252,10 @@ def decide(figures, previous, policy, step):
     gain = share = float("nan")
     known = math.isfinite(global_cost) and math.isfinite(group_cost) and math.isfinite(compute)
     if known:
-        gain = (global_cost - group_cost) / max(period * compute + global_cost, 1e-12)
+        # A global average waits for the slowest rank's steps; in groups, a typical rank waits only for its
+        # group's, so a straggler (one slow rank) makes group averages pay as a slow link does.
+        global_period = period * compute + global_cost
+        gain = (global_period - (period * typical + group_cost)) / max(global_period, 1e-12)
         if mode == GLOBAL and gain > policy.enter_gain:
             mode = GROUP
             reasons.append(f"group averages save {gain:.0%} of a period")

@@ -34,6 +34,19 @@ def test_switches_to_groups_when_a_link_slows_and_back_when_it_recovers():
     assert modes == [GLOBAL, GLOBAL, GROUP, GROUP, GLOBAL, GLOBAL]
 
 
+def test_a_straggler_favours_group_averages_and_its_end_brings_global_ones_back():
+    p = AdaptivePolicy(decide_every=16, min_period=4, max_period=8)
+    even = [[0.010, 0.02, 0.015, 0.0]] * 8
+    straggler = even[:7] + [[0.260, 0.02, 0.015, 0.0]]  # one rank computes 26x slower
+    decisions, decision = [], initial_decision(p)
+    for figures in (even, straggler, straggler, even, even):
+        decision = decide(figures, decision, p, 15)
+        decisions.append(decision)
+    assert [d.mode for d in decisions] == [GLOBAL, GROUP, GROUP, GLOBAL, GLOBAL]
+    assert decisions[1].gain > 0.9 and decisions[1].compute_seconds == 0.26
+    assert {d.period for d in decisions} == {4}
+
+
 def test_hysteresis_keeps_a_mode_between_the_two_gains():
     p = AdaptivePolicy(decide_every=8, max_period=1, enter_gain=0.3, leave_gain=0.1)
     # A group average saves 20% of a period: not enough to leave global averages, nor to leave groups.
