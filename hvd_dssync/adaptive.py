@@ -466,7 +466,13 @@ def encode_figures(figures, rank, size):
 
 def decode_figures(vector, size, averaged=False):
     """Every rank's figures, ``(size, len(FIGURES))``, from the slots of :func:`encode_figures` summed over
-    the ranks (``averaged``: divided by ``size``, as an average returns them)."""
+    the ranks (``averaged``: divided by ``size``, as an average returns them).
+
+    Example::
+
+        >>> decode_figures(encode_figures([[0.5, float("nan"), 0.25, 0.0]], 0, 1), 1).tolist()
+        [[0.5, nan, 0.25, 0.0]]
+    """
     units = np.round(np.asarray(vector, dtype=np.float64).reshape(size, len(FIGURES)) * (size if averaged else 1))
     return np.where(units < 0, np.nan, units * _UNIT)
 
