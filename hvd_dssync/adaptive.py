@@ -3,8 +3,8 @@
 While the network is fast, every averaging step averages over all ranks (the models stay identical);
 when a global average costs much more than a group average (a contended link, a slow host), the steps
 average inside the schedule's groups instead; the averaging period (``average_every``) grows when an
-average takes a large share of a step and shrinks when it no longer does. When the models drift apart
-beyond a bound, the next window starts with a global average.
+average costs well above the least it has cost and shrinks back when it no longer does. When the models
+drift apart beyond a bound, the next window starts with a global average.
 
 Every rank must take each decision at the same step, so decisions are taken only at the last step of a
 *window* of ``decide_every`` steps that ends with a global average, from every rank's figures, by
@@ -226,8 +226,8 @@ def decide(figures, previous, policy, step):
     A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
     slowest rank paces the steps under global averages, so the compute time, the group averages' time and
     the drift are the largest over the ranks; under group averages a typical rank waits only for its
-    group, so their period counts the median rank's compute time (a straggler favours groups). A global average is one collective of all ranks, and its time on a rank
-    includes waiting for the others to arrive (after group averages the ranks drift apart in time);
+    group, so their period counts the median rank's compute time (a straggler favours groups). A global
+    average is one collective of all ranks, and its time on a rank includes waiting for the others to arrive (after group averages the ranks drift apart in time);
     the last to arrive waits for nobody, so its time, the smallest, is the collective's own cost. A
     figure no rank measured keeps its previous value.
 
@@ -317,6 +317,10 @@ class AdaptiveState:
         self.warmup_steps = warmup_steps
         self.decision = initial_decision(policy)
         self.group_averages = 0
+        self._start_window()
+
+    def _start_window(self):
+        """Forget the measurements: a new window starts."""
         self._samples = {GLOBAL: [], GROUP: [], "compute": []}
         self._drift = float("nan")
 
@@ -380,7 +384,8 @@ class AdaptiveState:
         return self.is_window_end(step) and self.action(step) == GLOBAL
 
     def figures(self):
-        """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array for an allgather."""
+        """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array: to ride along an average
+        (:func:`encode_figures`) or for an allgather."""
         fewest = min(self._samples[GLOBAL], default=float("nan"))
         return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift]],
                         dtype=np.float64)
@@ -389,8 +394,7 @@ class AdaptiveState:
         """Take the decision of every rank's ``gathered`` figures (concatenated rows), start a new window."""
         previous = self.decision
         self.decision = decide(gathered, previous, self.policy, step)
-        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
-        self._drift = float("nan")
+        self._start_window()
         changed = (self.decision.mode, self.decision.period) != (previous.mode, previous.period)
         logger.log(logging.INFO if changed or self.decision.sync_now else logging.DEBUG,
                    "hvd_dssync adaptive at step %d: %s averages every %d steps%s (%s); figures %s", step,
@@ -422,23 +426,18 @@ class AdaptiveState:
             >>> b.load_vector(a.vector()); (b.decision.mode, b.decision.period, b.decision.step)
             ('group', 2, 63)
         """
-        values = dict(zip(self._NUMBERS, np.asarray(vector, dtype=np.float64).tolist()))
-        mode = GROUP if vector[len(self._NUMBERS)] else GLOBAL
-        for key in ("step", "period"):
-            values[key] = int(values[key])
-        values["sync_now"] = bool(values["sync_now"])
-        reason = self.decision.reason if self.vector().tobytes() == np.asarray(vector).tobytes() \
-            else "taken from another rank"
-        self.decision = Decision(mode=mode, reason=reason, **values)
-        self.group_averages = int(vector[len(self._NUMBERS) + 1])
-        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
-        self._drift = float("nan")
+        vector = np.asarray(vector, dtype=np.float64)
+        decision = dict(zip(self._NUMBERS, vector.tolist()))
+        decision.update(step=int(decision["step"]), period=int(decision["period"]),
+                        sync_now=bool(decision["sync_now"]), mode=GROUP if vector[len(self._NUMBERS)] else GLOBAL,
+                        reason=self.decision.reason if self.vector().tobytes() == vector.tobytes()
+                        else "taken from another rank")
+        self.load({"decision": decision, "group_averages": int(vector[len(self._NUMBERS) + 1])})
 
     def load(self, state):
         self.decision = Decision(**state["decision"])
         self.group_averages = int(state["group_averages"])
-        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
-        self._drift = float("nan")
+        self._start_window()
 
 
 # Figures travel as whole numbers of this unit (10 us, or 1e-5 of drift), each below 2**23, so that in

@@ -40,9 +40,9 @@ OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
-# They start from the local-step contenders' period and decide every 16 steps (four averages), so that a run of a few
-# hundred steps sees them decide several times; "-mode" keeps the period and chooses only between global
-# and group averages.
+# They start from the local-step contenders' period and decide every 16 steps (four averages), so that a
+# run of a few hundred steps sees them decide several times; "-mode" keeps the period and chooses only
+# between global and group averages.
 POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
