@@ -111,6 +111,12 @@ class ProcessSetRegistry:
     def _world(self):
         return tuple(range(self.hvd.size()))
 
+    def registered(self, groups):
+        """``{group: process set}`` for those of ``groups`` Horovod has a set of (registered by anyone, at init
+        or later); no communication."""
+        found = self._find_static()
+        return {g: self._sets.get(g, found.get(g)) for g in map(tuple, groups) if g in self._sets or g in found}
+
     def _find_static(self):
         from horovod.common import process_sets as common
 

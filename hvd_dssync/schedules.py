@@ -152,6 +152,19 @@ class Schedule(abc.ABC):
         """The distinct groups of one window: what must be registered while it runs."""
         return tuple(sorted({g for p in self.partitions(window) for g in p}))
 
+    def windows_repeat(self):
+        """After how many windows the partitions repeat: 1 for one endless window, ``None`` when they never
+        do (fresh draws every window)."""
+        return 1 if self.window_steps is None else None
+
+    def every_group(self):
+        """Every group of every window, sorted, when the windows repeat (see :meth:`windows_repeat`); else
+        ``None``. All of them can then be registered once, as static process sets."""
+        cycle = self.windows_repeat()
+        if cycle is None:
+            return None
+        return tuple(sorted({g for window in range(cycle) for g in self.window_groups(window)}))
+
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "name")
         return f"{type(self).__name__}({args})"
@@ -417,6 +430,21 @@ class TopologyAware(Schedule):
             if rest:
                 stay.append(rest)
         return canonical_partition([b for b in bridges if b] + stay)
+
+    def windows_repeat(self):
+        """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``
+        windows; the schedule's after the least common multiple over its racks.
+
+        Example::
+
+            >>> from hvd_dssync.topology import Topology
+            >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]))
+            >>> t.windows_repeat(), len(t.every_group())
+            (4, 14)
+        """
+        if self.window_steps is None:
+            return 1
+        return math.lcm(*(len(r) // math.gcd(len(r), self.max_cross_groups) for r in self.racks))
 
     def config(self):
         return {"name": "topology", "world_size": self.world_size, "racks": [list(r) for r in self.racks],

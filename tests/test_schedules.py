@@ -102,6 +102,24 @@ def test_topology_aware_covers_and_never_exceeds_max_cross_groups(sizes, intra_s
         assert all(count <= max_cross for count in crossing.values()), (step, groups)
 
 
+@settings(max_examples=40, deadline=None)
+@given(racks_strategy, st.integers(0, 2), st.integers(1, 3))
+def test_topology_aware_windows_repeat_and_every_group_holds_them_all(sizes, intra_steps, max_cross):
+    schedule = TopologyAware(topology_from_sizes(sizes), intra_steps=intra_steps, max_cross_groups=max_cross,
+                             rotate_every=1)
+    cycle = schedule.windows_repeat()
+    assert all(schedule.partitions(w + cycle) == schedule.partitions(w) for w in range(2 * cycle))
+    seen = {g for w in range(3 * cycle) for g in schedule.window_groups(w)}
+    assert set(schedule.every_group()) == seen
+    endless = TopologyAware(topology_from_sizes(sizes), rotate_every=None)
+    assert endless.windows_repeat() == 1 and endless.every_group() == endless.window_groups(0)
+
+
+def test_windows_drawn_afresh_never_repeat():
+    assert Shuffle(8, num_groups=2, seed=0, window_steps=4).every_group() is None
+    assert Shuffle(8, num_groups=2, seed=0).every_group() == Shuffle(8, num_groups=2, seed=0).window_groups(0)
+
+
 def test_topology_aware_bridges_every_rack_pair_within_a_period():
     topology = topology_from_sizes([3, 2, 4])
     schedule = TopologyAware(topology, intra_steps=2)

@@ -27,6 +27,13 @@ def test_static_process_sets_from_dss_init(launcher):
     assert output.count("all checks passed") == 4, output
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_static_process_sets_for_rotating_bridges(launcher):
+    """dss.init registers every window's groups of a topology schedule whose bridges rotate: no dynamic mode."""
+    output = run(launcher, 4, "torch_semantics.py", "--init", "static-topology")
+    assert output.count("all checks passed") == 4, output
+
+
 def _train(launcher, optimizer, seed, tmp_path):
     out = tmp_path / f"{launcher}-{optimizer}-{seed}.json"
     run(launcher, 4, f"{ROOT}/examples/pytorch_digits.py", "--optimizer", optimizer, "--epochs", 15,

@@ -486,18 +486,22 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._registry.release(release)
 
     def _warm_window_sets(self):
-        """One tiny allreduce on each of the first window's process sets this rank belongs to, so that
-        Horovod's one-off set-up of a set's first collective (about 0.2 s on the bench's testbed) is taken
-        here and not by the first average in it. Only where every rank belongs to as many of the sets: every
-        Horovod op advances the counter that names a script's unnamed ops."""
+        """One tiny allreduce on each process set this rank belongs to among the first window's groups and
+        the later windows' groups already registered (statically, by :func:`init`), so that Horovod's
+        one-off set-up of a set's first collective (about 0.2 s on the bench's testbed) is taken here and not
+        by the first average in it. Only where every rank belongs to as many of the sets: every Horovod op
+        advances the counter that names a script's unnamed ops."""
         if self._in_process_set():
             return
-        groups = [g for g in self._plan.schedule.window_groups(0) if 1 < len(g) < self._scope.world_size]
-        counts = {sum(position in g for g in groups) for position in range(self._scope.world_size)}
+        schedule, size = self._plan.schedule, self._scope.world_size
+        groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
+        sets = self._registry.registered(self._scope.to_global(g) for g in groups if 1 < len(g) < size)
+        groups = [g for g in groups if self._scope.to_global(g) in sets]
+        counts = {sum(position in g for g in groups) for position in range(size)}
         if not groups or len(counts) != 1:
             return
         handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{self._name}.warm.{k}", op=hvd.Sum,
-                                        process_set=self._registry.get(self._scope.to_global(g)))
+                                        process_set=sets[self._scope.to_global(g)])
                    for k, g in enumerate(groups) if self._scope.rank in g]
         for handle in handles:
             collectives.wait(handle)

@@ -4,6 +4,7 @@ Every check raises on failure, so a failing rank exits non-zero and fails the la
 are interleaved with the DS-Sync steps throughout, as a user script would have them.
 """
 import argparse
+import os
 
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
@@ -216,6 +217,23 @@ def check_policies():
     check(opt.last_sync["kind"] == "bsp", f"warm-up step recorded as {opt.last_sync}")
 
 
+ROTATING = {"intra_steps": 1, "rotate_every": 2}
+
+
+def halves(size):
+    return [[r for r in range(size) if r < (size + 1) // 2], [r for r in range(size) if r >= (size + 1) // 2]]
+
+
+def check_static_topology():
+    check(os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") in ("0", ""),
+          "dss.init left Horovod's dynamic process sets on for a topology schedule whose windows repeat")
+    model, opt = check_group_means("topology", topology=halves(SIZE), schedule_options=ROTATING)
+    check(len({opt.schedule.groups(t) for t in range(9)}) > 2, "the bridges never rotated in 9 steps")
+    used = {opt._scope.to_global(g) for t in range(9) for g in opt.schedule.groups(t) if len(g) < SIZE}
+    registry = opt._registry
+    check(used <= registry._static, f"groups {sorted(used - registry._static)} were not registered statically")
+
+
 def init(how):
     global RANK, SIZE
     if how == "mpi4py":
@@ -225,6 +243,10 @@ def init(how):
     elif how == "static":
         # Static process sets for a schedule with fixed groups; the checks then use only those groups.
         dss.init(schedule="butterfly")
+    elif how == "static-topology":
+        # Static process sets for every window of a schedule whose bridges rotate.
+        size = int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])
+        dss.init(schedule="topology", topology=halves(size), schedule_options=ROTATING)
     else:
         hvd.init()
     RANK, SIZE = hvd.rank(), hvd.size()
@@ -232,10 +254,15 @@ def init(how):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--init", choices=("plain", "mpi4py", "static"), default="plain")
+    parser.add_argument("--init", choices=("plain", "mpi4py", "static", "static-topology"), default="plain")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     init(args.init)
+    if args.init == "static-topology":
+        check_static_topology()
+        user_unnamed_ops()
+        print(f"rank {RANK}: all checks passed", flush=True)
+        return
     if args.init == "static":
         check_group_means("butterfly")
         check_group_means("butterfly", global_every=2)
