@@ -17,6 +17,13 @@ window probes (its last average but one is a group one); from then on the last g
 policy switches when the global average's measured cost makes that figure worth it. So while the
 network stays fast the policy averages as a fixed global schedule does.
 
+A window counted in steps lasts long when steps become slow (a straggler makes every global average wait
+for its steps), so under global averaging the figures of the last period also ride along every global
+average inside a window (``switch_early``), and the ranks switch to group averages there when those
+figures say so (:meth:`AdaptiveState.switch_early`); everything else waits for the window's end. The
+PyTorch adapter does this; the Keras adapter, whose traced steps follow a table made for the whole window,
+decides at windows' ends only.
+
 The period follows the cost of an average as it moves: it doubles when the chosen mode's average costs
 ``raise_ratio`` times the least it has cost in this job (per doubling already made), and halves back when
 the cost falls to ``lower_ratio`` times it. The optimizer's ``average_every`` is the user's choice for the
@@ -71,6 +78,10 @@ class AdaptivePolicy:
         drift_bound: when the largest relative distance between the models of a group before averaging
             (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
             starts with a global average. ``None``: never.
+        switch_early: under global averaging, also switch to group averages at a global average inside a
+            window, from the figures of the last period (the compute time of its steps, the lesser of the
+            last two global averages' times), so a straggler is answered within a period, not a window
+            (PyTorch; the Keras adapter decides at windows' ends only).
 
     Example::
 
@@ -83,7 +94,7 @@ class AdaptivePolicy:
     """
 
     def __init__(self, decide_every=64, max_period=8, probe_every=4, enter_gain=0.3, leave_gain=0.1,
-                 raise_ratio=2.0, lower_ratio=1.5, drift_bound=0.05, min_period=1):
+                 raise_ratio=2.0, lower_ratio=1.5, drift_bound=0.05, min_period=1, switch_early=True):
         self.decide_every = _positive("decide_every", decide_every)
         self.min_period = _positive("average_every", min_period)
         self.max_period = _positive("max_period", max_period)
@@ -105,6 +116,9 @@ class AdaptivePolicy:
         self.enter_gain, self.leave_gain = float(enter_gain), float(leave_gain)
         self.raise_ratio, self.lower_ratio = float(raise_ratio), float(lower_ratio)
         self.drift_bound = None if drift_bound is None else float(_positive("drift_bound", drift_bound, integer=False))
+        if not isinstance(switch_early, bool):
+            raise ValueError(f"Arg ``switch_early`` must be True or False, got {switch_early!r}.")
+        self.switch_early = switch_early
         periods = self.periods()
         if any(decide_every % p for p in periods):
             raise ValueError(f"Arg ``decide_every`` must be a multiple of every period the policy may choose "
@@ -120,7 +134,8 @@ class AdaptivePolicy:
     def config(self):
         return {"decide_every": self.decide_every, "min_period": self.min_period, "max_period": self.max_period,
                 "probe_every": self.probe_every, "enter_gain": self.enter_gain, "leave_gain": self.leave_gain,
-                "raise_ratio": self.raise_ratio, "lower_ratio": self.lower_ratio, "drift_bound": self.drift_bound}
+                "raise_ratio": self.raise_ratio, "lower_ratio": self.lower_ratio, "drift_bound": self.drift_bound,
+                "switch_early": self.switch_early}
 
     @classmethod
     def resolve(cls, policy, average_every=1, global_every=0):
@@ -389,6 +404,37 @@ class AdaptiveState:
         fewest = min(self._samples[GLOBAL], default=float("nan"))
         return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift]],
                         dtype=np.float64)
+
+    def is_early_check(self, step):
+        """Whether ``step``'s global average carries :meth:`recent_figures` for :meth:`switch_early`: under
+        global averaging, with ``switch_early``, a global average inside a window."""
+        return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
+                and not self.is_window_end(step) and self.action(step) == GLOBAL)
+
+    def recent_figures(self):
+        """This rank's figures of the last averaging period: the median compute time of its steps, the lesser
+        of the last two global averages' times (NaN before two: one slow average is no trend), the last
+        group figure unknown (NaN: the decision keeps its own) and no drift."""
+        compute = self._samples["compute"][-self.decision.period:]
+        last_two = self._samples[GLOBAL][-2:]
+        nan = float("nan")
+        return np.array([[_median(compute), min(last_two) if len(last_two) == 2 else nan, nan, nan]],
+                        dtype=np.float64)
+
+    def switch_early(self, step, gathered):
+        """Switch to group averages from every rank's ``gathered`` :meth:`recent_figures` when :func:`decide`
+        would (the period stays); returns the new decision, or ``None`` (nothing changes). A switch starts a
+        new window of measurements; the windows' steps stay where they were."""
+        decision = decide(gathered, self.decision, self.policy, step)
+        if decision.mode != GROUP:
+            return None
+        self.decision = decision._replace(period=self.decision.period, sync_now=False,
+                                          reason=decision.reason.split("; ")[0] + ", inside a window")
+        self._start_window()
+        logger.info("hvd_dssync adaptive at step %d: %s averages every %d steps (%s); figures %s", step,
+                    self.decision.mode, self.decision.period, self.decision.reason,
+                    {k: getattr(self.decision, k) for k in FIGURES})
+        return self.decision
 
     def conclude(self, step, gathered):
         """Take the decision of every rank's ``gathered`` figures (concatenated rows), start a new window."""

@@ -47,6 +47,47 @@ def test_a_straggler_favours_group_averages_and_its_end_brings_global_ones_back(
     assert {d.period for d in decisions} == {4}
 
 
+def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
+    """Play ``steps`` on ``ranks`` states as the PyTorch adapter does, figures riding along every average that
+    carries them; returns the decisions (step, mode) of rank 0 and checks that every rank took the same."""
+    states = [AdaptiveState(policy) for _ in range(ranks)]
+    taken = []
+    for step in range(steps):
+        kind = states[0].action(step)
+        assert {s.action(step) for s in states} == {kind}
+        decided, early = states[0].is_decision_step(step), states[0].is_early_check(step)
+        if decided or early:
+            rows_ = [s.figures() if decided else s.recent_figures() for s in states]
+            gathered = decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(rows_)), ranks)
+            made = [s.conclude(step, gathered) if decided else s.switch_early(step, gathered) for s in states]
+            assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
+            if made[0] is not None:
+                taken.append((step, made[0].mode))
+        seconds = {GLOBAL: global_seconds_of(step), GROUP: group_seconds}.get(kind, NAN)
+        for rank, s in enumerate(states):
+            s.record(kind, seconds, compute_of(step, rank), decided=decided)
+    return taken
+
+
+def test_a_straggler_inside_a_window_is_answered_at_the_next_global_average():
+    """One rank computes 25x slower from step 20 on: the window of steps 16-31 would decide at step 31; the
+    last period's figures riding along the next global average, at step 23, switch there already."""
+    straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
+    early = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
+    assert run_ranks(early, 32, straggler, lambda step: 0.02)[1:] == [(23, GROUP)]
+    late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
+    assert run_ranks(late, 32, straggler, lambda step: 0.02)[1:] == [(31, GROUP)]
+
+
+def test_one_slow_global_average_inside_a_window_is_no_reason_to_switch():
+    even = lambda step, rank: 0.05  # noqa: E731
+    p = AdaptivePolicy(decide_every=8, max_period=1)
+    once = run_ranks(p, 24, even, lambda step: 0.5 if step == 10 else 0.02)
+    assert all(mode == GLOBAL for _, mode in once), once
+    twice = run_ranks(p, 24, even, lambda step: 0.5 if step >= 10 else 0.02)
+    assert twice[1] == (12, GROUP), twice  # after the second slow one, inside the window of steps 8-15
+
+
 def test_hysteresis_keeps_a_mode_between_the_two_gains():
     p = AdaptivePolicy(decide_every=8, max_period=1, enter_gain=0.3, leave_gain=0.1)
     # A group average saves 20% of a period: not enough to leave global averages, nor to leave groups.
@@ -200,8 +241,12 @@ def test_simulator_replays_a_changing_network(tmp_path):
     out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                           policy=AdaptivePolicy(decide_every=16))
     switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-    assert switches == [(111, GROUP), (207, GLOBAL)]
+    assert switches == [(88, GROUP), (207, GLOBAL)]  # t = 30 s falls at step 86, inside the window 80-95
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
+    at_ends = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
+                              policy=AdaptivePolicy(decide_every=16, switch_early=False))
+    assert [(d["step"], d["mode"]) for d in at_ends["decisions"] if d["reason"] != "unchanged"][0] == (111, GROUP)
+    assert out["seconds"]["adaptive"] < at_ends["seconds"]["adaptive"]
     timetable = tmp_path / "rates.json"
     timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')
     assert parse_rate_changes(str(timetable)) == changes

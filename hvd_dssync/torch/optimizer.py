@@ -652,12 +652,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         average, each member's squared norm (one element), so that the members learn how far apart their
         models were (:func:`drift_of`; the policy uses it under group averaging only, so global averages
         skip the norms, 7 ms a step on the bench); at a decision step, every rank's figures
-        (:func:`encode_figures`)."""
+        (:func:`encode_figures`), and at a global average inside a window, the last period's ones."""
         adaptive, size = self._plan.adaptive, self._scope.world_size
         measuring, deciding = action.kind == GROUP, adaptive.is_decision_step(self.sync_step)
+        early = not deciding and adaptive.is_early_check(self.sync_step)
         extra = [_square_norm(tensors)] if measuring else []
-        if deciding:
-            extra += encode_figures(adaptive.figures(), self._scope.rank, size).tolist()
+        if deciding or early:
+            figures = adaptive.figures() if deciding else adaptive.recent_figures()
+            extra += encode_figures(figures, self._scope.rank, size).tolist()
+            deciding = True
         if not extra:
             collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
             return signature
@@ -672,9 +675,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def _adapt(self, action):
         """At a decision step, decide from every rank's figures (which rode along in the step's global
-        average, or else one small allgather); then note this step's figures for the next window."""
+        average, or else one small allgather); at a global average inside a window that carried the last
+        period's figures, perhaps switch to group averages; then note this step's figures."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
         decided = adaptive.is_decision_step(self.sync_step)
+        if not decided and adaptive.is_early_check(self.sync_step) and self._gathered_figures is not None:
+            gathered, self._gathered_figures = self._gathered_figures, None
+            decision = adaptive.switch_early(self.sync_step, gathered)
+            if decision is not None:
+                self.last_sync = dict(self.last_sync, decision=decision.as_dict())
         if decided:
             gathered, self._gathered_figures = self._gathered_figures, None
             if gathered is None:  # the average did not carry them (compression, overlap, a world of one)
