@@ -332,6 +332,7 @@ class AdaptiveState:
         self.warmup_steps = warmup_steps
         self.decision = initial_decision(policy)
         self.group_averages = 0
+        self._recent_global = []  # the last two global averages' seconds, across windows, in this mode
         self._start_window()
 
     def _start_window(self):
@@ -382,6 +383,8 @@ class AdaptiveState:
         was a decision step, whose average carried the figures: its seconds belong to no window."""
         if kind == GROUP:
             self.group_averages += 1
+        if kind == GLOBAL and math.isfinite(seconds):
+            self._recent_global = self._recent_global[-1:] + [float(seconds)]
         if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
             self._samples[kind].append(float(seconds))
         if math.isfinite(compute_seconds):
@@ -413,10 +416,11 @@ class AdaptiveState:
 
     def recent_figures(self):
         """This rank's figures of the last averaging period: the median compute time of its steps, the lesser
-        of the last two global averages' times (NaN before two: one slow average is no trend), the last
-        group figure unknown (NaN: the decision keeps its own) and no drift."""
+        of the last two global averages' times (a deciding one included, across windows; NaN before two:
+        one slow average is no trend), the last group figure unknown (NaN: the decision keeps its own) and
+        no drift."""
         compute = self._samples["compute"][-self.decision.period:]
-        last_two = self._samples[GLOBAL][-2:]
+        last_two = self._recent_global
         nan = float("nan")
         return np.array([[_median(compute), min(last_two) if len(last_two) == 2 else nan, nan, nan]],
                         dtype=np.float64)
@@ -431,6 +435,7 @@ class AdaptiveState:
         self.decision = decision._replace(period=self.decision.period, sync_now=False,
                                           reason=decision.reason.split("; ")[0] + ", inside a window")
         self._start_window()
+        self._recent_global = []
         logger.info("hvd_dssync adaptive at step %d: %s averages every %d steps (%s); figures %s", step,
                     self.decision.mode, self.decision.period, self.decision.reason,
                     {k: getattr(self.decision, k) for k in FIGURES})
@@ -441,6 +446,8 @@ class AdaptiveState:
         previous = self.decision
         self.decision = decide(gathered, previous, self.policy, step)
         self._start_window()
+        if self.decision.mode != previous.mode:
+            self._recent_global = []
         changed = (self.decision.mode, self.decision.period) != (previous.mode, previous.period)
         logger.log(logging.INFO if changed or self.decision.sync_now else logging.DEBUG,
                    "hvd_dssync adaptive at step %d: %s averages every %d steps%s (%s); figures %s", step,
@@ -483,6 +490,7 @@ class AdaptiveState:
     def load(self, state):
         self.decision = Decision(**state["decision"])
         self.group_averages = int(state["group_averages"])
+        self._recent_global = []
         self._start_window()
 
 

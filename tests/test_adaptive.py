@@ -88,6 +88,15 @@ def test_one_slow_global_average_inside_a_window_is_no_reason_to_switch():
     assert twice[1] == (12, GROUP), twice  # after the second slow one, inside the window of steps 8-15
 
 
+def test_the_deciding_average_counts_among_the_last_two():
+    """Global averages slow from step 7, the last of the first window (its own average decides there): the
+    second slow one, at step 8, already makes two, so the ranks switch at step 9."""
+    even = lambda step, rank: 0.05  # noqa: E731
+    p = AdaptivePolicy(decide_every=8, max_period=1)
+    taken = run_ranks(p, 16, even, lambda step: 0.5 if step >= 7 else 0.02)
+    assert taken[0] == (7, GLOBAL) and taken[1] == (9, GROUP), taken
+
+
 def test_hysteresis_keeps_a_mode_between_the_two_gains():
     p = AdaptivePolicy(decide_every=8, max_period=1, enter_gain=0.3, leave_gain=0.1)
     # A group average saves 20% of a period: not enough to leave global averages, nor to leave groups.
