@@ -233,6 +233,14 @@ def test_plot_writes_pngs(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(payload))
     assert main([str(tmp_path / "results.json")]) == 0
     assert (tmp_path / "loss_accuracy_static.png").exists() and (tmp_path / "time_to_accuracy.png").exists()
+    assert not (tmp_path / "decisions_static.png").exists()  # no contender decided anything
+    decisions = [{"step": 1, "time": 1.0, "mode": "group", "period": 4, "sync_now": False}]
+    payload["runs"].append({"scenario": "static", "contender": "dssync-adaptive", "record": {
+        "curve": curve, "step_times": [0.5, 0.5], "sync_times": [0.4, 0.1], "kind_of_step": ["global", "group"],
+        "decisions": decisions}})
+    (tmp_path / "results.json").write_text(json.dumps(payload))
+    assert main([str(tmp_path / "results.json")]) == 0
+    assert (tmp_path / "decisions_static.png").exists()
 
 
 @needs_namespaces

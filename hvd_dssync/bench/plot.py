@@ -1,7 +1,9 @@
 """``python -m hvd_dssync plot results.json [--out DIR]``: the benchmark's PNG plots.
 
 - ``loss_accuracy_<scenario>.png``: training loss and test accuracy (rank 0's model) against training time;
-- ``time_to_accuracy.png``: time to the target accuracy per contender and scenario.
+- ``time_to_accuracy.png``: time to the target accuracy per contender and scenario;
+- ``decisions_<scenario>.png``: for each contender with ``policy="adaptive"``, every averaging step's seconds
+  (rank 0) by kind against training time, and the policy's decisions that changed something.
 """
 import argparse
 import json
@@ -62,7 +64,45 @@ def plot_results(payload, out_dir):
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    for scenario in scenarios:
+        adaptive = [run for run in payload["runs"] if run["scenario"] == scenario and run["record"].get("decisions")]
+        if adaptive:
+            paths.append(_plot_decisions(plt, scenario, adaptive, out_dir))
     return paths
+
+
+_COLORS = {"global": "tab:red", "group": "tab:blue", "bsp": "tab:purple"}
+
+
+def _plot_decisions(plt, scenario, runs, out_dir):
+    """One panel per adaptive contender: what each averaging step cost, by kind, and the decisions."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.8 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        record, clock = run["record"], 0.0
+        points = {}
+        for elapsed, seconds, kind in zip(record["step_times"], record["sync_times"], record["kind_of_step"]):
+            clock += elapsed
+            if kind in _COLORS:
+                points.setdefault(kind, ([], []))
+                points[kind][0].append(clock)
+                points[kind][1].append(seconds)
+        for kind, (t, seconds) in points.items():
+            ax.scatter(t, seconds, s=8, color=_COLORS[kind], label=f"{kind} average")
+        previous = ("global", None)
+        for decision in record["decisions"]:
+            now = (decision["mode"], decision["period"])
+            if now != previous or decision.get("sync_now"):
+                ax.axvline(decision["time"], color="grey", linestyle="--", linewidth=0.8)
+                label = f"{decision['mode']}, every {decision['period']}" + (", sync" if decision.get("sync_now") else "")
+                ax.text(decision["time"], ax.get_ylim()[1] * 0.95, label, rotation=90, fontsize=6, va="top")
+            previous = now
+        ax.set(xlabel="training time (s)", ylabel="seconds (rank 0)", title=f"{scenario}: {run['contender']}")
+        ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    path = os.path.join(out_dir, f"decisions_{scenario}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None):

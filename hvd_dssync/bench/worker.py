@@ -249,7 +249,7 @@ def run(config):
     # together, and a slow host stays slow whatever training does meanwhile.
     training_started = time.perf_counter()
     step_times, sync_times, curve, losses = [], [], [], []
-    kinds, kind_of_step, slowed_seconds = {}, [], 0.0
+    kinds, kind_of_step, slowed_seconds, decisions = {}, [], 0.0, []
     train_clock = 0.0
     loss_value = float("nan")
     for step in range(config["steps"]):
@@ -272,6 +272,9 @@ def run(config):
             kinds[kind] = kinds.get(kind, 0) + 1
             kind_of_step.append(kind)
             sync_times.append(seconds)
+            decision = (getattr(opt, "last_sync", None) or {}).get("decision")
+            if decision is not None and (not decisions or decisions[-1]["step"] != decision["step"]):
+                decisions.append(dict(decision, time=train_clock + elapsed))  # the adaptive policy's
         else:
             sync_times.append(max(0.0, elapsed - compute_seconds))
         train_clock += elapsed
@@ -298,6 +301,7 @@ def run(config):
         "local_accuracy": local_accuracy, "final_loss": final_loss, "final_accuracy": final_accuracy,
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
         "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
+        "decisions": decisions,
     }
     if rank == 0:
         with open(config["out"], "w") as f:
