@@ -239,12 +239,14 @@ def decide(figures, previous, policy, step):
     """The next window's :class:`Decision`, from every rank's ``figures`` (rows, in :data:`FIGURES`' order).
 
     A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
-    slowest rank paces the steps under global averages, so the compute time, the group averages' time and
-    the drift are the largest over the ranks; under group averages a typical rank waits only for its
-    group, so their period counts the median rank's compute time (a straggler favours groups). A global
-    average is one collective of all ranks, and its time on a rank includes waiting for the others to arrive (after group averages the ranks drift apart in time);
-    the last to arrive waits for nobody, so its time, the smallest, is the collective's own cost. A
-    figure no rank measured keeps its previous value.
+    slowest rank paces the steps under global averages, so the compute time and the drift are the largest
+    over the ranks; under group averages a typical rank waits only for its group, so their period counts
+    the median rank's compute time and the median rank's group average (a straggler's group partners wait
+    for it inside their averages: that wait is the straggler's, not the group averages'; a straggler
+    favours groups). A global average is one collective of all ranks, and its time on a rank includes
+    waiting for the others to arrive (after group averages the ranks drift apart in time); the last to
+    arrive waits for nobody, so its time, the smallest, is the collective's own cost. A figure no rank
+    measured keeps its previous value.
 
     Example::
 
@@ -261,7 +263,7 @@ def decide(figures, previous, policy, step):
     compute = _largest(figures[:, 0], previous.compute_seconds)
     typical = _typical(figures[:, 0], compute)
     global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
-    group_cost = _largest(figures[:, 2], previous.group_seconds)
+    group_cost = _typical(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
     mode, period, reasons = previous.mode, previous.period, []
     gain = share = float("nan")
@@ -354,8 +356,8 @@ class AdaptiveState:
         first = at + 1 == period
         # The last two averages: the first of them brings the ranks, apart in time after group averages, together.
         last_two = at + 1 > self.policy.decide_every - 2 * period
-        if self.decision.sync_now and first:
-            return GLOBAL
+        if self.decision.sync_now and first and window == self._window(self.decision.step + 1)[0]:
+            return GLOBAL  # the window after the decision only
         if self.decision.mode == GLOBAL:
             # Only the first window probes, with its last average but one (a first step's seconds carry
             # one-off costs, and the last average decides); the group figure is kept from then on.

@@ -177,6 +177,21 @@ def test_drift_above_the_bound_starts_the_next_window_with_a_global_average():
     decision = state.conclude(3, np.concatenate([state.figures()] * 2))
     assert decision.sync_now and "drift" in decision.reason
     assert [state.action(t) for t in range(4, 8)] == [GLOBAL, GROUP, GROUP, GROUP]
+    # The windows after that one, until the next decision (probe_every is large), average in groups.
+    assert [state.action(t) for t in range(8, 16)] == [GROUP] * 8
+
+
+def test_a_straggler_s_partners_waiting_in_their_group_averages_keep_groups():
+    """Under group averages the straggler's partners wait for it inside their group averages: the median
+    rank's group average, not the largest, is what groups cost; group averages stay."""
+    p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
+    grouped = initial_decision(p)._replace(mode=GROUP, global_seconds=0.07, group_seconds=0.08)
+    fast = [0.01, 0.07, 0.08, 0.0]
+    partners = [0.01, 0.07, 1.0, 0.0]  # waited about 4 x 0.25 s for the straggler in each group average
+    straggler = [0.25, 0.07, 0.08, 0.0]
+    figures = [fast] * 4 + [partners] * 3 + [straggler]
+    decision = decide(figures, grouped, p, 15)
+    assert decision.mode == GROUP and decision.group_seconds == 0.08, decision
 
 
 def test_probes_give_the_mode_not_in_use_fresh_figures():
