@@ -79,8 +79,8 @@ class AdaptivePolicy:
             (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
             starts with a global average. ``None``: never.
         switch_early: under global averaging, also switch to group averages at a global average inside a
-            window, from the figures of the last period (the compute time of its steps, the lesser of the
-            last two global averages' times), so a straggler is answered within a period, not a window
+            window, from the figures of the last period (the least compute time of its steps, the lesser of
+            the last two global averages' times), so a straggler is answered within periods, not a window
             (PyTorch; the Keras adapter decides at windows' ends only).
 
     Example::
@@ -417,14 +417,14 @@ class AdaptiveState:
                 and not self.is_window_end(step) and self.action(step) == GLOBAL)
 
     def recent_figures(self):
-        """This rank's figures of the last averaging period: the median compute time of its steps, the lesser
-        of the last two global averages' times (a deciding one included, across windows; NaN before two:
-        one slow average is no trend), the last group figure unknown (NaN: the decision keeps its own) and
-        no drift."""
+        """This rank's figures of the last averaging period: the least compute time of its steps (a rank is
+        slow when every step of the period was: an evaluation or a stall on one step is no trend), the
+        lesser of the last two global averages' times (a deciding one included, across windows; NaN before
+        two), the last group figure unknown (NaN: the decision keeps its own) and no drift."""
         compute = self._samples["compute"][-self.decision.period:]
         last_two = self._recent_global
         nan = float("nan")
-        return np.array([[_median(compute), min(last_two) if len(last_two) == 2 else nan, nan, nan]],
+        return np.array([[min(compute, default=nan), min(last_two) if len(last_two) == 2 else nan, nan, nan]],
                         dtype=np.float64)
 
     def switch_early(self, step, gathered):

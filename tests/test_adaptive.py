@@ -71,12 +71,20 @@ def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, 
 
 def test_a_straggler_inside_a_window_is_answered_at_the_next_global_average():
     """One rank computes 25x slower from step 20 on: the window of steps 16-31 would decide at step 31; the
-    last period's figures riding along the next global average, at step 23, switch there already."""
+    figures of the first period slow on every step (20-23) ride along the global average of step 27 and
+    switch there already."""
     straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
     early = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert run_ranks(early, 32, straggler, lambda step: 0.02)[1:] == [(23, GROUP)]
+    assert run_ranks(early, 32, straggler, lambda step: 0.02)[1:] == [(27, GROUP)]
     late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
     assert run_ranks(late, 32, straggler, lambda step: 0.02)[1:] == [(31, GROUP)]
+
+
+def test_one_slow_step_inside_a_period_is_no_straggler():
+    """Rank 3 is slow on two steps of one period (an evaluation, a stall), then fast again: no switch."""
+    spiky = lambda step, rank: 0.25 if rank == 3 and step in (21, 22) else 0.01  # noqa: E731
+    p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
+    assert {mode for _, mode in run_ranks(p, 48, spiky, lambda step: 0.02)} == {GLOBAL}
 
 
 def test_one_slow_global_average_inside_a_window_is_no_reason_to_switch():
