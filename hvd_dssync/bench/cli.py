@@ -73,6 +73,9 @@ def build_parser():
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per contender and scenario, interleaved (each contender once, then again); the "
+                        "table and the targets take the medians")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds before one contender's job is killed")
     p.add_argument("--out", default="bench-results", help="folder for results.json, results.md and the PNGs")
     p.add_argument("--loopback", action="store_true", help="run on loopback even where namespaces work")
@@ -84,6 +87,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.ranks < 2 or args.racks < 1 or args.ranks % args.racks:
         print("bench: --ranks must be at least 2 and a multiple of --racks", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print(f"bench: --repeat must be at least 1, got {args.repeat}", file=sys.stderr)
         return 2
     per_rack = args.ranks // args.racks
     racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
@@ -108,7 +114,7 @@ def main(argv=None):
         scenarios = [{"name": "loopback", "intra_mbit": 0.0, "inter_mbit": 0.0, "rate_changes": [],
                       "hidden": args.hidden, "stragglers": None}]
     os.makedirs(args.out, exist_ok=True)
-    runs, rows, failures = [], [], []
+    runs, run_rows, failures = [], [], []
     started = time.monotonic()
     with bed:
         testbed = bed.describe()
@@ -126,33 +132,37 @@ def main(argv=None):
             contenders = args.contenders if setting["name"] in ("static", "loopback") else \
                 [c for c in args.contenders if c in args.others_in]
             job_config = dict(config, hidden=setting["hidden"], stragglers=setting["stragglers"])
-            for contender in contenders:
-                print(f"  [{setting['name']}] {contender} ...", flush=True)
+            for run, contender in ((r, c) for r in range(args.repeat) for c in contenders):
+                print(f"  [{setting['name']}] {contender}"
+                      + (f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else "") + " ...", flush=True)
                 t0 = time.monotonic()
                 try:
                     record = run_contender(bed, contender, job_config, args.timeout,
                                            rate_changes=setting["rate_changes"])
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
-                    failures.append({"scenario": setting["name"], "contender": contender, "error": str(e)[-4000:]})
+                    failures.append({"scenario": setting["name"], "contender": contender, "run": run,
+                                     "error": str(e)[-4000:]})
                     continue
                 row = report.summarize(record, setting, job_config)
-                rows.append(row)
-                runs.append({"scenario": setting["name"], "contender": contender, "record": record})
+                run_rows.append(row)
+                runs.append({"scenario": setting["name"], "contender": contender, "run": run, "record": record})
                 print(f"    {row['steps']} steps, median {row['median_step_s']:.3f} s, final accuracy "
                       f"{row['final_accuracy']:.1%}, time to target {row['time_to_target_s']}, "
                       f"bottleneck bytes {row['bottleneck_bytes']} (est. {row['bottleneck_bytes_estimate']:.0f}), "
                       f"sync/link-bound {row['sync_to_link_bound']} [{time.monotonic() - t0:.0f} s]", flush=True)
+    rows = report.combine(run_rows)
     checks = report.targets(rows)
     payload = {"command": "python -m hvd_dssync bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                "testbed": testbed, "launcher": "Gloo controller; rendezvous server started by the bench "
                "inside rank 0's namespace; one process per namespace; OMP_NUM_THREADS=1",
-               "config": config, "scenarios": scenarios, "rows": rows, "runs": runs, "failures": failures,
+               "config": config, "repeat": args.repeat, "scenarios": scenarios, "rows": rows, "run_rows": run_rows,
+               "runs": runs, "failures": failures,
                "targets": [{"target": t, "met": m, "figures": f} for t, m, f in checks],
                "wall_seconds": time.monotonic() - started, "cpu_count": os.cpu_count()}
     report.write_json(os.path.join(args.out, "results.json"), payload)
     table = report.markdown_table(rows, args.target)
-    lines = [table, ""]
+    lines = [table, ""] + ([f"Targets judged on the medians of {args.repeat} runs each.", ""] if args.repeat > 1 else [])
     for t, m, f in checks:
         lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
     with open(os.path.join(args.out, "results.md"), "w") as f:

@@ -1,7 +1,11 @@
 """``python -m hvd_dssync plot results.json [--out DIR]``: the benchmark's PNG plots.
 
 - ``loss_accuracy_<scenario>.png``: training loss and test accuracy (rank 0's model) against training time;
-- ``time_to_accuracy.png``: time to the target accuracy per contender and scenario;
+- ``time_to_accuracy.png``: time to the target accuracy per contender and scenario (with repeated runs, the
+  median as a bar and every run as a dot);
+
+With repeated runs, the curves are those of each contender's median run (see
+:func:`hvd_dssync.bench.report.combine`).
 - ``decisions_<scenario>.png``: for each contender with ``policy="adaptive"``, every averaging step's seconds
   (rank 0) by kind against training time, and the policy's decisions that changed something.
 """
@@ -10,6 +14,18 @@ import json
 import os
 
 __all__ = ["main", "plot_results"]
+
+
+def _median_runs(payload):
+    """The runs whose curves the plots draw: with repeated runs, each contender's median run."""
+    chosen = {(r["scenario"], r["contender"]): r.get("median_run", 0) for r in payload["rows"]}
+    seen, out = {}, []
+    for run in payload["runs"]:
+        key = (run["scenario"], run["contender"])
+        index = seen[key] = seen.get(key, -1) + 1
+        if index == chosen.get(key, 0):
+            out.append(run)
+    return out
 
 
 def plot_results(payload, out_dir):
@@ -23,12 +39,13 @@ def plot_results(payload, out_dir):
     target = payload["config"]["target"]
     paths = []
     scenarios = []
-    for run in payload["runs"]:
+    runs = _median_runs(payload)
+    for run in runs:
         if run["scenario"] not in scenarios:
             scenarios.append(run["scenario"])
     for scenario in scenarios:
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-        for run in payload["runs"]:
+        for run in runs:
             if run["scenario"] != scenario:
                 continue
             curve = run["record"]["curve"]
@@ -54,6 +71,10 @@ def plot_results(payload, out_dir):
         colors = ["tab:blue" if r["time_to_target_s"] is not None else "lightgrey" for r in rows]
         ax.bar(range(len(rows)), values, color=colors)
         for i, r in enumerate(rows):
+            if r.get("runs", 1) > 1:
+                each = [budget if t is None else t for t in r["times_to_target"]]
+                ax.scatter([i] * len(each), each, s=10, color="black", zorder=3)
+        for i, r in enumerate(rows):
             if r["time_to_target_s"] is None:
                 ax.text(i, values[i], "not\nreached", ha="center", va="bottom", fontsize=6)
         ax.set_xticks(range(len(rows)))
@@ -65,7 +86,7 @@ def plot_results(payload, out_dir):
         plt.close(fig)
         paths.append(path)
     for scenario in scenarios:
-        adaptive = [run for run in payload["runs"] if run["scenario"] == scenario and run["record"].get("decisions")]
+        adaptive = [run for run in runs if run["scenario"] == scenario and run["record"].get("decisions")]
         if adaptive:
             paths.append(_plot_decisions(plt, scenario, adaptive, out_dir))
     return paths

@@ -9,7 +9,8 @@ import json
 
 import numpy as np
 
-__all__ = ["summarize", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets", "PYTORCH_AVERAGERS"]
+__all__ = ["summarize", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets",
+           "PYTORCH_AVERAGERS"]
 
 
 def _ring_crossings(group, rack_of):
@@ -113,20 +114,74 @@ def summarize(record, scenario, config):
     return row
 
 
+def _median_of(values):
+    """The median of figures that may be ``None`` (never reached, not measured: counted as +inf, so a
+    median that lands on one is ``None``)."""
+    if all(v is None for v in values):
+        return None
+    median = float(np.median([np.inf if v is None else v for v in values]))
+    return None if not np.isfinite(median) else median
+
+
+_MEDIANS = ("median_step_s", "throughput_samples_s", "train_seconds", "time_to_target_s", "final_accuracy", "rank0_accuracy", "sync_seconds",
+            "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate", "link_bound_s", "sync_to_link_bound")
+
+
+def combine(rows):
+    """One row per scenario and contender from the rows of repeated runs: each figure the median over the
+    runs (time to target: a run that never reached it counts as never), ``times_to_target`` every run's,
+    ``runs`` their number and ``median_run`` the index (among that contender's runs, in order) of the run
+    whose time to target is the median one (the lower of the middle two), whose curves the plots draw.
+
+    Example::
+
+        >>> rows = [{"scenario": "static", "contender": "x", "steps": s, "time_to_target_s": t, "median_step_s": 0.1,
+        ...          "train_seconds": 9.0, "final_accuracy": 0.97} for s, t in ((90, 3.0), (80, None), (85, 2.0))]
+        >>> row = combine(rows)[0]
+        >>> row["time_to_target_s"], row["times_to_target"], row["runs"], row["median_run"], row["steps"]
+        (3.0, [3.0, None, 2.0], 3, 0, 85)
+    """
+    grouped = {}
+    for row in rows:
+        grouped.setdefault((row["scenario"], row["contender"]), []).append(row)
+    out = []
+    for runs in grouped.values():
+        times = [r["time_to_target_s"] for r in runs]
+        order = sorted(range(len(runs)), key=lambda i: (times[i] is None, times[i] or 0.0))
+        row = dict(runs[0], runs=len(runs), times_to_target=times, median_run=order[(len(runs) - 1) // 2])
+        for key in _MEDIANS:
+            if key in row:
+                row[key] = _median_of([r.get(key) for r in runs])
+        row["steps"] = int(np.median([r["steps"] for r in runs]))
+        out.append(row)
+    return out
+
+
 def _fmt(value, spec, none="-"):
     return none if value is None else format(value, spec)
 
 
+def _time_cell(row):
+    """Time to target; with repeated runs, the median and every run's time."""
+    cell = _fmt(row["time_to_target_s"], ".1f", "not reached")
+    if row.get("runs", 1) > 1:
+        cell += " (" + ", ".join(_fmt(t, ".1f", "never") for t in row["times_to_target"]) + ")"
+    return cell
+
+
 def markdown_table(rows, target):
-    """The summary as a markdown table, one line per scenario and contender."""
+    """The summary as a markdown table, one line per scenario and contender (with repeated runs, the
+    medians of :func:`combine`, and every run's time to target)."""
+    repeated = any(r.get("runs", 1) > 1 for r in rows)
     head = ("| scenario | contender | steps | median step (s) | samples/s | time to "
-            f"{target:.0%} (s) | final acc. | MB over bottleneck (est.) | sync / link-bound |")
+            f"{target:.0%} (s){', median (each run)' if repeated else ''} | final acc. | MB over bottleneck (est.) "
+            "| sync / link-bound |")
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         mb = "-" if r["bottleneck_bytes"] is None else f"{r['bottleneck_bytes'] / 1e6:.1f}"
         lines.append(
             f"| {r['scenario']} | {r['contender']} | {r['steps']} | {r['median_step_s']:.3f} | "
-            f"{r['throughput_samples_s']:.0f} | {_fmt(r['time_to_target_s'], '.1f', 'not reached')} | "
+            f"{r['throughput_samples_s']:.0f} | {_time_cell(r)} | "
             f"{r['final_accuracy']:.1%} | {mb} ({r['bottleneck_bytes_estimate'] / 1e6:.1f}) | "
             f"{_fmt(r['sync_to_link_bound'], '.2f')} |")
     return "\n".join(lines) + "\n"
