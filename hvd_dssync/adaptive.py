@@ -4,23 +4,27 @@ While the network is fast, every averaging step averages over all ranks (the mod
 when a global average costs much more than a group average (a contended link, a slow host), the steps
 average inside the schedule's groups instead; the averaging period (``average_every``) grows when an
 average costs well above the least it has cost and shrinks back when it no longer does. When the models
-drift apart beyond a bound, the next window starts with a global average.
+drift apart beyond a bound, the next window ends with a global average.
 
 Every rank must take each decision at the same step, so decisions are taken only at the last step of a
 *window* of ``decide_every`` steps that ends with a global average, from every rank's figures, by
-:func:`decide`, a pure function of those figures and the previous decision. The figures ride along in
-that global average (:func:`encode_figures`: each rank fills its own slots, the others are zeros, so
-every rank reads the same numbers), so the policy adds no collective of its own. Under global averaging
-every window ends so; under group averaging one window in ``probe_every`` does (a *probe* window, whose
-last two averages are global, so the global figure stays fresh). Under global averaging only the first
-window probes (its last average but one is a group one); from then on the last group figure is kept, and the
-policy switches when the global average's measured cost makes that figure worth it. So while the
-network stays fast the policy averages as a fixed global schedule does.
+:func:`decide`, a pure function of those figures and the previous decision. Under global averaging every
+window ends so, and the figures ride along in that global average (:func:`encode_figures`: each rank
+fills its own slots, the others are zeros, so every rank reads the same numbers): the policy adds no
+collective of its own. Under group averaging one window in ``probe_every`` does (a *probe* window, whose
+last average is global): the probe's own time is the fresh global figure, so the ranks gather their
+figures after it, in one small collective (:meth:`AdaptiveState.rides_along` tells the two apart; the
+last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
+cost). Under global averaging only the first window probes (its last average but one is a group one);
+from then on the last group figure is kept, and the policy switches when the global average's measured
+cost makes that figure worth it. So while the network stays fast the policy averages as a fixed global
+schedule does.
 
 A window counted in steps lasts long when steps become slow (a straggler makes every global average wait
 for its steps), so under global averaging the figures of the last period also ride along every global
 average inside a window (``switch_early``), and the ranks switch to group averages there when those
-figures say so (:meth:`AdaptiveState.switch_early`); everything else waits for the window's end. The
+figures say so twice in a row, or once by far (:meth:`AdaptiveState.switch_early`); everything else
+waits for the window's end. The
 PyTorch adapter does this; the Keras adapter, whose traced steps follow a table made for the whole window,
 decides at windows' ends only.
 
@@ -77,11 +81,13 @@ class AdaptivePolicy:
             halve it when at most ``lower_ratio * 2**(k-1)`` times (the gap keeps it from flapping).
         drift_bound: when the largest relative distance between the models of a group before averaging
             (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
-            starts with a global average. ``None``: never.
+            ends with a global average (a probe), without waiting for the ``probe_every``-th. ``None``: never.
         switch_early: under global averaging, also switch to group averages at a global average inside a
-            window, from the figures of the last period (the least compute time of its steps, the lesser of
-            the last two global averages' times), so a straggler is answered within periods, not a window
-            (PyTorch; the Keras adapter decides at windows' ends only).
+            window, from the figures of the last period (the least compute time of its steps, the last
+            global average's time), when they say so at two such averages in a row, or at one when group
+            averages would save at least halfway from ``enter_gain`` to all of a period; so a straggler or a
+            slowed link is answered within periods, not a window (PyTorch; the Keras adapter decides at
+            windows' ends only).
 
     Example::
 
@@ -175,7 +181,7 @@ class Decision(NamedTuple):
     """What the ranks decided at ``step`` (the last step of a window), and the figures behind it.
 
     ``mode`` is GLOBAL or GROUP; ``period`` the averaging period of the next window; ``sync_now`` makes
-    its first averaging step a global one (drift control). The figures are the ranks' medians over the
+    the next window end with a global average (drift control). The figures are the ranks' medians over the
     window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is
     what group averaging would save of a period's time, ``share`` what the chosen mode's average takes of
     it; ``global_floor`` and ``group_floor`` the least each kind of average has cost so far (the period's
@@ -307,10 +313,12 @@ def _median(values):
 
 class AdaptiveState:
     """One rank's adaptive policy at run time: the decision in force, this window's measurements, the step
-    of the schedule. Adapters call :meth:`action` for each step; at a :meth:`is_decision_step` they send
-    :meth:`figures` with the step's (global) average, or gather them, and pass every rank's to
-    :meth:`conclude`; then they :meth:`record` the step. A window's figures are those of its steps before
-    its last, whose average carries them (its own seconds are not recorded).
+    of the schedule. Adapters call :meth:`action` for each step and :meth:`record` it. At a
+    :meth:`is_decision_step` they pass every rank's :meth:`figures` to :meth:`conclude`: where the figures
+    :meth:`rides_along` the step's global average, they send them with it and conclude before recording the
+    step (its seconds, measured after the figures left, belong to no window: ``decided=True``); elsewhere
+    (a probe under group averaging) they record the step first, its global average's seconds being the
+    probe's measurement, then gather the figures and conclude.
 
     Example (four ranks in one process, a global average that becomes slow)::
 
@@ -334,7 +342,8 @@ class AdaptiveState:
         self.warmup_steps = warmup_steps
         self.decision = initial_decision(policy)
         self.group_averages = 0
-        self._recent_global = []  # the last two global averages' seconds, across windows, in this mode
+        self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
+        self._early_says_group = False  # the last early check's figures said: group averages
         self._start_window()
 
     def _start_window(self):
@@ -353,17 +362,14 @@ class AdaptiveState:
         period = self.decision.period
         if (at + 1) % period:
             return LOCAL
-        first = at + 1 == period
-        # The last two averages: the first of them brings the ranks, apart in time after group averages, together.
-        last_two = at + 1 > self.policy.decide_every - 2 * period
-        if self.decision.sync_now and first and window == self._window(self.decision.step + 1)[0]:
-            return GLOBAL  # the window after the decision only
         if self.decision.mode == GLOBAL:
             # Only the first window probes, with its last average but one (a first step's seconds carry
             # one-off costs, and the last average decides); the group figure is kept from then on.
             probe_at = max(period, self.policy.decide_every - period)
             return GROUP if window == 0 and at + 1 == probe_at else GLOBAL
-        return GLOBAL if window % self.policy.probe_every == 0 and last_two else GROUP
+        probe = window % self.policy.probe_every == 0 or \
+            self.decision.sync_now and window == self._window(self.decision.step + 1)[0]  # the window after only
+        return GLOBAL if probe and at + 1 == self.policy.decide_every else GROUP
 
     def planned(self, start):
         """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
@@ -386,7 +392,7 @@ class AdaptiveState:
         if kind == GROUP:
             self.group_averages += 1
         if kind == GLOBAL and math.isfinite(seconds):
-            self._recent_global = self._recent_global[-1:] + [float(seconds)]
+            self._last_global = float(seconds)
         if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
             self._samples[kind].append(float(seconds))
         if math.isfinite(compute_seconds):
@@ -402,6 +408,12 @@ class AdaptiveState:
         """Whether the ranks decide at ``step``: the last step of a window, when it averages globally (so
         the figures can ride along; see the module's text)."""
         return self.is_window_end(step) and self.action(step) == GLOBAL
+
+    def rides_along(self, step):
+        """Whether the figures of decision step ``step`` ride along its own global average (under global
+        averaging: the window's earlier global averages measured the global cost), rather than being
+        gathered after it (a probe under group averaging: its global average is the measurement)."""
+        return self.is_decision_step(step) and self.decision.mode == GLOBAL
 
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array: to ride along an average
@@ -419,25 +431,27 @@ class AdaptiveState:
     def recent_figures(self):
         """This rank's figures of the last averaging period: the least compute time of its steps (a rank is
         slow when every step of the period was: an evaluation or a stall on one step is no trend), the
-        lesser of the last two global averages' times (a deciding one included, across windows; NaN before
-        two), the last group figure unknown (NaN: the decision keeps its own) and no drift."""
+        last global average's time (a deciding one included, across windows; NaN before one), the last
+        group figure unknown (NaN: the decision keeps its own) and no drift."""
         compute = self._samples["compute"][-self.decision.period:]
-        last_two = self._recent_global
         nan = float("nan")
-        return np.array([[min(compute, default=nan), min(last_two) if len(last_two) == 2 else nan, nan, nan]],
-                        dtype=np.float64)
+        return np.array([[min(compute, default=nan), self._last_global, nan, nan]], dtype=np.float64)
 
     def switch_early(self, step, gathered):
         """Switch to group averages from every rank's ``gathered`` :meth:`recent_figures` when :func:`decide`
-        would (the period stays); returns the new decision, or ``None`` (nothing changes). A switch starts a
-        new window of measurements; the windows' steps stay where they were."""
+        says so at this early check and said so at the one before (one slow average is no trend), or
+        says so by far: group averages would save at least ``(1 + enter_gain) / 2`` of a period (an
+        average that costs that much more hurts at once). The period stays. Returns the new decision,
+        or ``None`` (nothing changes). A switch starts a new window of measurements; the windows' steps
+        stay where they were."""
         decision = decide(gathered, self.decision, self.policy, step)
-        if decision.mode != GROUP:
+        says_group, self._early_says_group = self._early_says_group, decision.mode == GROUP
+        if decision.mode != GROUP or not (says_group or decision.gain >= (1 + self.policy.enter_gain) / 2):
             return None
         self.decision = decision._replace(period=self.decision.period, sync_now=False,
                                           reason=decision.reason.split("; ")[0] + ", inside a window")
         self._start_window()
-        self._recent_global = []
+        self._forget_recent()
         logger.info("hvd_dssync adaptive at step %d: %s averages every %d steps (%s); figures %s", step,
                     self.decision.mode, self.decision.period, self.decision.reason,
                     {k: getattr(self.decision, k) for k in FIGURES})
@@ -449,7 +463,7 @@ class AdaptiveState:
         self.decision = decide(gathered, previous, self.policy, step)
         self._start_window()
         if self.decision.mode != previous.mode:
-            self._recent_global = []
+            self._forget_recent()
         changed = (self.decision.mode, self.decision.period) != (previous.mode, previous.period)
         logger.log(logging.INFO if changed or self.decision.sync_now else logging.DEBUG,
                    "hvd_dssync adaptive at step %d: %s averages every %d steps%s (%s); figures %s", step,
@@ -492,8 +506,12 @@ class AdaptiveState:
     def load(self, state):
         self.decision = Decision(**state["decision"])
         self.group_averages = int(state["group_averages"])
-        self._recent_global = []
+        self._forget_recent()
         self._start_window()
+
+    def _forget_recent(self):
+        """Forget the figures that span windows (the mode changed, or a checkpoint was loaded)."""
+        self._last_global, self._early_says_group = float("nan"), False
 
 
 # Figures travel as whole numbers of this unit (10 us, or 1e-5 of drift), each below 2**23, so that in

@@ -617,13 +617,17 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
                 seconds = cache[key]
             clock += compute_seconds + seconds
             decided = forced is None and state.is_decision_step(step)
-            if decided:  # from the figures of the window's earlier steps
+            rides = decided and state.rides_along(step)  # as the PyTorch adapter does
+            if decided and not rides:  # a probe: its own time counts, the figures are gathered after it
+                state.record(kind, seconds, compute_seconds)
+            if decided:
                 decisions.append(dict(state.conclude(step, state.figures()).as_dict(), t=clock))
             elif forced is None and state.is_early_check(step):  # from the last period's figures
                 switched = state.switch_early(step, state.recent_figures())
                 if switched is not None:
                     decisions.append(dict(switched.as_dict(), t=clock))
-            state.record(kind, seconds, compute_seconds, decided=decided)
+            if rides or not decided:
+                state.record(kind, seconds, compute_seconds, decided=decided)
         return clock, decisions
 
     adaptive_seconds, decisions = run(None)

@@ -313,13 +313,14 @@ class StepSync:
         decision's dict at a decision step, else None.
         """
         adaptive = self.plan.adaptive
-        kind, decision, decided = adaptive.action(step), None, adaptive.is_decision_step(step)
-        if decided:
+        kind, decision = adaptive.action(step), None
+        # The figures are gathered after the step: its average's seconds count in them.
+        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds)
+        if adaptive.is_decision_step(step):
             gathered = hvd.allgather(tf.constant(adaptive.figures()), name=f"{self.name}_adaptive",
                                      process_set=self.process_set)
             decision = adaptive.conclude(step, gathered.numpy()).as_dict()
             self.decisions.append(decision)
-        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds, decided=decided)
         if adaptive.is_window_end(step):  # the next window's branches (a probe window's differ)
             self._window.assign(self._window_table(step + 1))
         return decision

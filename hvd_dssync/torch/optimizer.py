@@ -651,10 +651,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """The average, with what the adaptive policy needs riding along in the same collective: in a group
         average, each member's squared norm (one element), so that the members learn how far apart their
         models were (:func:`drift_of`; the policy uses it under group averaging only, so global averages
-        skip the norms, 7 ms a step on the bench); at a decision step, every rank's figures
-        (:func:`encode_figures`), and at a global average inside a window, the last period's ones."""
+        skip the norms, 7 ms a step on the bench); at a decision step under global averaging, every rank's
+        figures (:func:`encode_figures`), and at a global average inside a window, the last period's ones."""
         adaptive, size = self._plan.adaptive, self._scope.world_size
-        measuring, deciding = action.kind == GROUP, adaptive.is_decision_step(self.sync_step)
+        measuring, deciding = action.kind == GROUP, adaptive.rides_along(self.sync_step)
         early = not deciding and adaptive.is_early_check(self.sync_step)
         extra = [_square_norm(tensors)] if measuring else []
         if deciding or early:
@@ -674,16 +674,23 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         return carried[:at]
 
     def _adapt(self, action):
-        """At a decision step, decide from every rank's figures (which rode along in the step's global
-        average, or else one small allgather); at a global average inside a window that carried the last
-        period's figures, perhaps switch to group averages; then note this step's figures."""
+        """Note this step's figures; at a decision step, decide from every rank's figures (which rode along
+        in the step's global average, or else one small allgather after it: a probe, whose average's time
+        they count); at a global average inside a window that carried the last period's figures, perhaps
+        switch to group averages."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
+        this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
+        seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
+        compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
         decided = adaptive.is_decision_step(self.sync_step)
+        after = decided and self._gathered_figures is None  # the figures are gathered after the average
         if not decided and adaptive.is_early_check(self.sync_step) and self._gathered_figures is not None:
             gathered, self._gathered_figures = self._gathered_figures, None
             decision = adaptive.switch_early(self.sync_step, gathered)
             if decision is not None:
                 self.last_sync = dict(self.last_sync, decision=decision.as_dict())
+        if after:
+            adaptive.record(action.kind, seconds, compute, self._drift)
         if decided:
             gathered, self._gathered_figures = self._gathered_figures, None
             if gathered is None:  # the average did not carry them (compression, overlap, a world of one)
@@ -694,10 +701,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             decision = adaptive.conclude(self.sync_step, gathered)
             self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
                                   decision=decision.as_dict())
-        this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
-        seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
-        compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
-        adaptive.record(action.kind, seconds, compute, self._drift, decided=decided)
+        if not after:
+            adaptive.record(action.kind, seconds, compute, self._drift, decided=decided)
         self._step_ended = time.perf_counter()
 
     # --- inside a process set, and lossy compression -----------------------------------------
