@@ -69,8 +69,8 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: under group averaging, the last two averages of one window in ``probe_every`` are
-            global (a probe), so the global figure stays fresh and the policy can decide; under global
+        probe_every: under group averaging, the last average of one window in ``probe_every`` is global
+            (a probe), so the global figure stays fresh and the policy can decide; under global
             averaging, only the first window probes (its last average but one is a group average).
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
