@@ -32,6 +32,7 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local": ("topology", True),
     "dssync-topology-local-momentum": ("topology", True),
     "dssync-topology-local-overlap": ("topology", True),
+    "dssync-topology-local-fp16": ("topology", True),
     "dssync-adaptive": ("topology", True),
     "dssync-adaptive-mode": ("topology", True),
 }
@@ -39,6 +40,9 @@ DSSYNC_CONTENDERS = {
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
+# Contenders whose averages travel in float16 (Horovod's ``compression=hvd.Compression.fp16``: the adapter
+# averages the differences from the last shared model, each rank keeping its own rounding error).
+FP16 = {"dssync-topology-local-fp16"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
 # They start from the local-step contenders' period and decide every 16 steps (four averages), so that a
 # run of a few hundred steps sees them decide several times; "-mode" keeps the period and chooses only
@@ -150,7 +154,8 @@ def _make_contender(name, model, config, rank, size):
                                            seed=config["seed"], warmup_steps=warmup,
                                            outer_momentum=OUTER_MOMENTUM.get(name, 0.0), overlap=name in OVERLAP,
                                            policy=AdaptivePolicy(**POLICY[name]) if name in POLICY else None,
-                                           **kwargs)
+                                           compression=hvd.Compression.fp16 if name in FP16 else
+                                           hvd.Compression.none, **kwargs)
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model, opt, Comm("horovod"), sync
