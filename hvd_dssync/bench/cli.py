@@ -162,7 +162,9 @@ def main(argv=None):
                "wall_seconds": time.monotonic() - started, "cpu_count": os.cpu_count()}
     report.write_json(os.path.join(args.out, "results.json"), payload)
     table = report.markdown_table(rows, args.target)
-    lines = [table, ""] + ([f"Targets judged on the medians of {args.repeat} runs each.", ""] if args.repeat > 1 else [])
+    lines = [table, ""]
+    if args.repeat > 1:
+        lines += [f"Targets judged on the medians of {args.repeat} runs each.", ""]
     for t, m, f in checks:
         lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
     with open(os.path.join(args.out, "results.md"), "w") as f:

@@ -123,8 +123,9 @@ def _median_of(values):
     return None if not np.isfinite(median) else median
 
 
-_MEDIANS = ("median_step_s", "throughput_samples_s", "train_seconds", "time_to_target_s", "final_accuracy", "rank0_accuracy", "sync_seconds",
-            "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate", "link_bound_s", "sync_to_link_bound")
+_MEDIANS = ("median_step_s", "throughput_samples_s", "train_seconds", "time_to_target_s", "final_accuracy",
+            "rank0_accuracy", "sync_seconds", "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate",
+            "link_bound_s", "sync_to_link_bound")
 
 
 def combine(rows):
