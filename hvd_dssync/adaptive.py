@@ -13,7 +13,7 @@ window ends so, and the figures ride along in that global average (:func:`encode
 fills its own slots, the others are zeros, so every rank reads the same numbers): the policy adds no
 collective of its own. Under group averaging one window in ``probe_every`` does (a *probe* window, whose
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
-figures after it, in one small collective (:meth:`AdaptiveState.rides_along` tells the two apart; the
+figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
 cost). Under global averaging only the first window probes (its last average but one is a group one);
 from then on the last group figure is kept, and the policy switches when the global average's measured
@@ -313,12 +313,10 @@ def _median(values):
 
 class AdaptiveState:
     """One rank's adaptive policy at run time: the decision in force, this window's measurements, the step
-    of the schedule. Adapters call :meth:`action` for each step and :meth:`record` it. At a
-    :meth:`is_decision_step` they pass every rank's :meth:`figures` to :meth:`conclude`: where the figures
-    :meth:`rides_along` the step's global average, they send them with it and conclude before recording the
-    step (its seconds, measured after the figures left, belong to no window: ``decided=True``); elsewhere
-    (a probe under group averaging) they record the step first, its global average's seconds being the
-    probe's measurement, then gather the figures and conclude.
+    of the schedule. Adapters call :meth:`action` for each step, send :meth:`carried_figures` along the
+    step's average where it returns some, and end the step with :meth:`end_step`, which records it and
+    takes what it decides; the order of the two (a probe's own time counts in the figures gathered after
+    it, an average that carried the figures belongs to no window) is kept there, once for every adapter.
 
     Example (four ranks in one process, a global average that becomes slow)::
 
@@ -327,12 +325,11 @@ class AdaptiveState:
         >>> decisions = []
         >>> for step in range(12):
         ...     kind = states[0].action(step)
-        ...     decided = states[0].is_decision_step(step)
-        ...     if decided:
-        ...         gathered = np.concatenate([s.figures() for s in states])
-        ...         decisions = [s.conclude(step, gathered) for s in states]
-        ...     for s in states:
-        ...         s.record(kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1, decided=decided)
+        ...     carried = [s.carried_figures(step) for s in states]
+        ...     gathered = None if carried[0] is None else np.concatenate(carried)  # what the average carried
+        ...     made = [s.end_step(step, kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1,
+        ...                        gathered=gathered) for s in states]
+        ...     decisions += [d for d in made if d is not None]
         >>> {(d.step, d.mode, d.period) for d in decisions}  # the same on every rank
         {(3, 'group', 1)}
     """
@@ -414,6 +411,42 @@ class AdaptiveState:
         averaging: the window's earlier global averages measured the global cost), rather than being
         gathered after it (a probe under group averaging: its global average is the measurement)."""
         return self.is_decision_step(step) and self.decision.mode == GLOBAL
+
+    def carried_figures(self, step):
+        """The figures that ``step``'s average carries to every rank (:func:`encode_figures`), or ``None``:
+        the window's :meth:`figures` at a decision step under global averaging (:meth:`rides_along`), the
+        last period's :meth:`recent_figures` at an early check (:meth:`is_early_check`)."""
+        if self.rides_along(step):
+            return self.figures()
+        if self.is_early_check(step):
+            return self.recent_figures()
+        return None
+
+    def end_step(self, step, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), gathered=None,
+                 gather=None):
+        """Record step ``step`` (as :meth:`record`) and take what it decides; returns the new
+        :class:`Decision`, or ``None`` where nothing changed or nothing was decided.
+
+        ``gathered``: every rank's :meth:`carried_figures` (concatenated rows), where the step's average
+        carried them. At a decision step they decide (:meth:`conclude`) and the step's seconds, measured
+        after the figures left, belong to no window; at an early check they may switch
+        (:meth:`switch_early`). Without them a decision step (a probe under group averaging, or an
+        average that could not carry them) is recorded first, its average's seconds being the freshest
+        measurement, and ``gather(figures)`` returns every rank's figures from this rank's :meth:`figures`
+        (a collective: every rank calls it at the same decision step).
+        """
+        decided = self.is_decision_step(step)
+        if gathered is None or not (decided or self.is_early_check(step)):
+            self.record(kind, seconds, compute_seconds, drift)
+            if not decided:
+                return None
+            if gather is None:
+                raise ValueError(f"step {step} is a decision step: end_step needs the figures that rode along "
+                                 "its average (gathered) or a way to gather them (gather)")
+            return self.conclude(step, np.asarray(gather(self.figures()), dtype=np.float64))
+        decision = self.conclude(step, gathered) if decided else self.switch_early(step, gathered)
+        self.record(kind, seconds, compute_seconds, drift, decided=decided)
+        return decision
 
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array: to ride along an average

@@ -616,18 +616,13 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
                     cache[key] = links.load(part, model_bytes).seconds
                 seconds = cache[key]
             clock += compute_seconds + seconds
-            decided = forced is None and state.is_decision_step(step)
-            rides = decided and state.rides_along(step)  # as the PyTorch adapter does
-            if decided and not rides:  # a probe: its own time counts, the figures are gathered after it
+            if forced is not None:
                 state.record(kind, seconds, compute_seconds)
-            if decided:
-                decisions.append(dict(state.conclude(step, state.figures()).as_dict(), t=clock))
-            elif forced is None and state.is_early_check(step):  # from the last period's figures
-                switched = state.switch_early(step, state.recent_figures())
-                if switched is not None:
-                    decisions.append(dict(switched.as_dict(), t=clock))
-            if rides or not decided:
-                state.record(kind, seconds, compute_seconds, decided=decided)
+                continue
+            decision = state.end_step(step, kind, seconds, compute_seconds, gathered=state.carried_figures(step),
+                                      gather=lambda figures: figures)  # every rank's figures are this one's
+            if decision is not None:
+                decisions.append(dict(decision.as_dict(), t=clock))
         return clock, decisions
 
     adaptive_seconds, decisions = run(None)

@@ -1,4 +1,5 @@
 """The adaptive policy: decisions on recorded figures (no communication), and a real 4-rank job."""
+import copy
 import math
 
 import numpy as np
@@ -48,30 +49,40 @@ def test_a_straggler_favours_group_averages_and_its_end_brings_global_ones_back(
 
 
 def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
-    """Play ``steps`` on ``ranks`` states as the PyTorch adapter does, figures riding along every average that
-    carries them (gathered after a probe, whose time they count); returns the decisions (step, mode) of rank 0
-    and checks that every rank took the same."""
+    """Play ``steps`` on ``ranks`` states as the adapters do (:meth:`AdaptiveState.end_step`), the figures
+    riding along every average that carries them, else gathered after the step; returns the decisions
+    (step, mode) of rank 0 and checks that every rank took the same."""
     states = [AdaptiveState(policy) for _ in range(ranks)]
     taken = []
     for step in range(steps):
         kind = states[0].action(step)
         assert {s.action(step) for s in states} == {kind}
-        decided, early = states[0].is_decision_step(step), states[0].is_early_check(step)
         seconds = {GLOBAL: global_seconds_of(step), GROUP: group_seconds}.get(kind, NAN)
-        after = decided and not states[0].rides_along(step)
-        if after:
-            for rank, s in enumerate(states):
-                s.record(kind, seconds, compute_of(step, rank))
-        if decided or early:
-            rows_ = [s.figures() if decided else s.recent_figures() for s in states]
-            gathered = decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(rows_)), ranks)
-            made = [s.conclude(step, gathered) if decided else s.switch_early(step, gathered) for s in states]
-            assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
-            if made[0] is not None:
-                taken.append((step, made[0].mode))
-        for rank, s in enumerate(states[:0] if after else states):
-            s.record(kind, seconds, compute_of(step, rank), decided=decided)
+        carried = [s.carried_figures(step) for s in states]
+        assert len({c is None for c in carried}) == 1
+        gathered = None
+        if carried[0] is not None:  # every rank fills its own slots of the average
+            gathered = decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(carried)), ranks)
+        after = _figures_after(states, kind, seconds, [compute_of(step, r) for r in range(ranks)])
+
+        def gather(figures, rank):
+            assert np.array_equal(figures[0], after[rank], equal_nan=True), (figures, after[rank])
+            return after
+
+        made = [s.end_step(step, kind, seconds, compute_of(step, rank), gathered=gathered,
+                           gather=lambda f, rank=rank: gather(f, rank)) for rank, s in enumerate(states)]
+        assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
+        if made[0] is not None:
+            taken.append((step, made[0].mode))
     return taken
+
+
+def _figures_after(states, kind, seconds, computes):
+    """What an allgather after the step returns: every rank's figures once it has recorded the step."""
+    twins = [copy.deepcopy(s) for s in states]
+    for twin, compute in zip(twins, computes):
+        twin.record(kind, seconds, compute)
+    return np.concatenate([twin.figures() for twin in twins])
 
 
 def test_a_straggler_inside_a_window_is_answered_at_the_next_global_average():

@@ -313,17 +313,18 @@ class StepSync:
         decision's dict at a decision step, else None.
         """
         adaptive = self.plan.adaptive
-        kind, decision = adaptive.action(step), None
-        # The figures are gathered after the step: its average's seconds count in them.
-        adaptive.record(kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds)
-        if adaptive.is_decision_step(step):
-            gathered = hvd.allgather(tf.constant(adaptive.figures()), name=f"{self.name}_adaptive",
-                                     process_set=self.process_set)
-            decision = adaptive.conclude(step, gathered.numpy()).as_dict()
+        kind = adaptive.action(step)
+        decision = adaptive.end_step(step, kind, seconds if kind in (GLOBAL, GROUP) else math.nan, compute_seconds,
+                                     gather=self._gather_figures)
+        if decision is not None:
+            decision = decision.as_dict()
             self.decisions.append(decision)
         if adaptive.is_window_end(step):  # the next window's branches (a probe window's differ)
             self._window.assign(self._window_table(step + 1))
         return decision
+
+    def _gather_figures(self, figures):
+        return hvd.allgather(tf.constant(figures), name=f"{self.name}_adaptive", process_set=self.process_set).numpy()
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""

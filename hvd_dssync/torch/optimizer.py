@@ -11,6 +11,7 @@ the new world, checks again that all ranks agree, and continues from rank 0's st
 """
 import collections
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -654,13 +655,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         skip the norms, 7 ms a step on the bench); at a decision step under global averaging, every rank's
         figures (:func:`encode_figures`), and at a global average inside a window, the last period's ones."""
         adaptive, size = self._plan.adaptive, self._scope.world_size
-        measuring, deciding = action.kind == GROUP, adaptive.rides_along(self.sync_step)
-        early = not deciding and adaptive.is_early_check(self.sync_step)
+        measuring, figures = action.kind == GROUP, adaptive.carried_figures(self.sync_step)
         extra = [_square_norm(tensors)] if measuring else []
-        if deciding or early:
-            figures = adaptive.figures() if deciding else adaptive.recent_figures()
+        if figures is not None:
             extra += encode_figures(figures, self._scope.rank, size).tolist()
-            deciding = True
         if not extra:
             collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
             return signature
@@ -669,7 +667,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         at = len(signature)
         if measuring:
             self._drift = drift_of(float(carried[at]), _square_norm(tensors))
-        if deciding:
+        if figures is not None:
             self._gathered_figures = decode_figures(carried[at + measuring:].double().numpy(), size, averaged=True)
         return carried[:at]
 
@@ -682,28 +680,21 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
         seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
         compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
-        decided = adaptive.is_decision_step(self.sync_step)
-        after = decided and self._gathered_figures is None  # the figures are gathered after the average
-        if not decided and adaptive.is_early_check(self.sync_step) and self._gathered_figures is not None:
-            gathered, self._gathered_figures = self._gathered_figures, None
-            decision = adaptive.switch_early(self.sync_step, gathered)
-            if decision is not None:
-                self.last_sync = dict(self.last_sync, decision=decision.as_dict())
-        if after:
-            adaptive.record(action.kind, seconds, compute, self._drift)
-        if decided:
-            gathered, self._gathered_figures = self._gathered_figures, None
-            if gathered is None:  # the average did not carry them (compression, overlap, a world of one)
-                everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
-                with self._bounded(everyone, self.sync_step):
-                    gathered = hvd.allgather(torch.from_numpy(adaptive.figures()), name=f"{self._name}.adaptive",
-                                             process_set=self.process_set).numpy()
-            decision = adaptive.conclude(self.sync_step, gathered)
+        gathered, self._gathered_figures = self._gathered_figures, None
+        decision = adaptive.end_step(self.sync_step, action.kind, seconds, compute, self._drift, gathered=gathered,
+                                     gather=functools.partial(self._gather_figures, action))
+        if decision is not None:
             self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
                                   decision=decision.as_dict())
-        if not after:
-            adaptive.record(action.kind, seconds, compute, self._drift, decided=decided)
         self._step_ended = time.perf_counter()
+
+    def _gather_figures(self, action, figures):
+        """Every rank's adaptive figures, gathered after the step's average (a probe's, or one that could not
+        carry them: compression, overlap, a world of one), bounded by the watchdog."""
+        everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
+        with self._bounded(everyone, self.sync_step):
+            return hvd.allgather(torch.from_numpy(figures), name=f"{self._name}.adaptive",
+                                 process_set=self.process_set).numpy()
 
     # --- inside a process set, and lossy compression -----------------------------------------
 
