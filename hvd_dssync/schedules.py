@@ -378,16 +378,22 @@ class TopologyAware(Schedule):
 
     A period is ``intra_steps`` steps in which every rack averages on its own, then one *bridge* step in
     which ``max_cross_groups`` bridge ranks from each rack form groups across all racks while the rest of
-    each rack averages inside the rack. The bridge ranks rotate every ``rotate_every`` periods, so every
-    rank carries information across the bottleneck in turn; the window holds one choice of bridges, so a
-    rank is live in at most three process sets (rack, rack minus bridges or bridge group).
+    each rack averages inside the rack.
+
+    The bridge ranks stay the same by default: after a step inside the racks every member of a rack holds
+    the rack's model, so whichever member crosses carries the same thing, and each rank is in two process
+    sets (its rack, and its bridge group or the rest of its rack). Horovod negotiates every set a rank
+    belongs to on every cycle, so fewer sets make every collective cheaper (docs/benchmarks.md: 25% more
+    steps on the bench than with bridges that rotate). With ``rotate_every`` the bridge ranks change every
+    that many periods, each window holding one choice of bridges; ``intra_steps=0`` needs it, since the
+    bridge ranks would otherwise never average with their own racks.
 
     Args:
         topology: a :class:`hvd_dssync.topology.Topology`.
         intra_steps: rack-local steps between bridge steps (0 makes every step a bridge step).
         max_cross_groups: groups that may cross the slow links at a bridge step.
-        rotate_every: periods before the bridge ranks change; ``None`` keeps the first bridges forever
-            (one endless window: static process sets, and the Keras adapter's default).
+        rotate_every: periods before the bridge ranks change; ``None`` (the default) keeps the first
+            bridges forever (one endless window: static process sets).
 
     Example::
 
@@ -397,13 +403,17 @@ class TopologyAware(Schedule):
         (((0, 1), (2, 3)), ((0, 2), (1,), (3,)))
     """
 
-    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=25):
+    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None):
         self.topology = topology
         self.world_size = topology.world_size
         self.intra_steps = _check_int("intra_steps", intra_steps, 0)
         self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
         self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
         self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
+        if self.rotate_every is None and self.intra_steps == 0 and len(self.racks) > 1:
+            raise ValueError("Arg ``rotate_every``: fixed bridges (None) need ``intra_steps`` >= 1; with "
+                             "intra_steps=0 the bridge ranks would never average with their own racks. "
+                             "Pass rotate_every=1 (or more).")
         self.window_steps = None if self.rotate_every is None else (self.intra_steps + 1) * self.rotate_every
         self._cache = {}
 
@@ -438,7 +448,7 @@ class TopologyAware(Schedule):
         Example::
 
             >>> from hvd_dssync.topology import Topology
-            >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]))
+            >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]), rotate_every=25)
             >>> t.windows_repeat(), len(t.every_group())
             (4, 14)
         """

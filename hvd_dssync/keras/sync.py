@@ -55,7 +55,7 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=
     """The :class:`SyncPlan` of this rank; the schedule must keep its groups for the whole run.
 
     The pool of process sets a traced graph can use is fixed when it is traced, so a schedule with
-    windows is refused; "topology" therefore defaults to fixed bridges (``rotate_every=None``). With
+    windows is refused ("topology" with ``rotate_every``, for example). With
     ``scope`` (a :class:`hvd_dssync.scope.Scope` of a process set) the plan is that of this rank's position
     in the set.
     """
@@ -65,8 +65,6 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=
                          "'butterfly'.")
     options = dict(schedule_options or {})
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
-    if schedule == "topology":
-        options.setdefault("rotate_every", None)
     if topology is not None or schedule == "topology":
         from .functions import job_topology
         topology = job_topology(topology)
