@@ -71,14 +71,15 @@ def job_env(launcher, extra=None):
     return env
 
 
-# What Horovod 0.28.1's background loop prints when a Gloo collective inside it times out. With dynamic
-# process sets on this 2-core machine a Gloo job sometimes stalls inside Horovod's controller: every rank's
-# Python waits on the same op of the same step (faulthandler), the background threads sit in Gloo
-# collectives, and two of them in a blocking write of 4 bytes on a pair's socket (gdb), which Gloo keeps
-# non-blocking. With a 400 s Gloo timeout one such stall ended by itself after about the timeout and the
-# job passed; 22 jobs with that timeout all passed, against 5 failures in 27 with 60 s (2026-11-24/25).
-# So the test jobs give Gloo GLOO_TIMEOUT_SECONDS, and a job that still ends in the timeout runs once more.
-# MPI jobs never showed it. docs/reliability.md#horovods-gloo-controller-deadlock has the measurements.
+# What Horovod 0.28.1's background loop prints when a Gloo collective inside it times out. On this 2-core
+# machine a Gloo job sometimes stalls inside Horovod's controller, mostly with dynamic process sets (once
+# with static ones only). Every rank's Python waits on the same op of the same step (faulthandler); the
+# background threads sit in Gloo collectives, two of them in a blocking write of 4 bytes on a pair's
+# socket (gdb), which Gloo keeps non-blocking. With a 400 s Gloo timeout one such stall ended by itself
+# after about the timeout and the job passed; 22 jobs with that timeout all passed, against 5 failures in
+# 27 with 60 s (2026-11-24/25). So the test jobs give Gloo GLOO_TIMEOUT_SECONDS, and a job that still ends
+# in the timeout runs once more. MPI jobs never showed it. docs/reliability.md#horovods-gloo-controller-deadlock
+# has the measurements.
 GLOO_TIMEOUT_SECONDS = 150
 GLOO_DEADLOCK = "Horovod background loop uncaught exception"
 GLOO_TIMEOUT = ("ms for recv operation to complete", "ms for send operation to complete")
