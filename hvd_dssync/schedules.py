@@ -410,7 +410,10 @@ class TopologyAware(Schedule):
         self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
         self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
         self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
-        if self.rotate_every is None and self.intra_steps == 0 and len(self.racks) > 1:
+        # Fixed bridges with no step inside the racks leave a rack's other ranks apart from its bridges for
+        # good, unless every rack is one rank (then the bridge group is everyone).
+        if self.rotate_every is None and self.intra_steps == 0 and len(self.racks) > 1 \
+                and any(len(r) > 1 for r in self.racks):
             raise ValueError("Arg ``rotate_every``: fixed bridges (None) need ``intra_steps`` >= 1; with "
                              "intra_steps=0 the bridge ranks would never average with their own racks. "
                              "Pass rotate_every=1 (or more).")

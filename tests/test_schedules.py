@@ -128,6 +128,15 @@ def test_topology_aware_bridges_every_rack_pair_within_a_period():
     assert all(len({topology.rack_of(r) for r in g}) == 1 for g in schedule.groups(0))
 
 
+
+def test_topology_aware_fixed_bridges_need_steps_inside_the_racks():
+    """With intra_steps=0 fixed bridges would keep a rack's other ranks apart from them: refused, naming the
+    argument; rotating bridges, or racks of one rank each (one bridge group of everyone), are fine."""
+    with pytest.raises(ValueError, match="``rotate_every``: fixed bridges"):
+        TopologyAware(topology_from_sizes([2, 2]), intra_steps=0)
+    assert TopologyAware(topology_from_sizes([2, 2]), intra_steps=0, rotate_every=1).groups(0)
+    assert TopologyAware(topology_from_sizes([1, 1, 1]), intra_steps=0).groups(0) == ((0, 1, 2),)
+
 SUBPROCESS_CASES = [
     "Shuffle(10, num_groups=3, seed=7, window_steps=5)",
     "Shuffle(33, group_size=4, seed=123456789)",
