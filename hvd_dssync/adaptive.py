@@ -424,8 +424,9 @@ class AdaptiveState:
 
     def end_step(self, step, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), gathered=None,
                  gather=None):
-        """Record step ``step`` (as :meth:`record`) and take what it decides; returns the new
-        :class:`Decision`, or ``None`` where nothing changed or nothing was decided.
+        """Record step ``step`` (as :meth:`record`) and take what it decides; returns the :class:`Decision`
+        of a decision step (whether or not mode and period change), the new one where an early check
+        switches, else ``None``.
 
         ``gathered``: every rank's :meth:`carried_figures` (concatenated rows), where the step's average
         carried them. At a decision step they decide (:meth:`conclude`) and the step's seconds, measured
