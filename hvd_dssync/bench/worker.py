@@ -2,7 +2,8 @@
 
 The same workload for every contender: an MLP on the digits data set (each rank trains on its own
 shard), SGD with momentum, a fixed number of steps bounded by a training-time budget. Rank 0 times every
-step, evaluates its own model every ``eval_every`` steps (outside the training clock), and at the end
+step, evaluates its own model every ``eval_every`` steps (outside the training clock; every rank does, so the
+load stays even, and no rank waits for another there: see ``StopSignal``), and at the end
 evaluates the global average of the models; it writes the record to ``config["out"]``.
 
 The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) so that the launcher can
@@ -49,6 +50,8 @@ FP16 = {"dssync-topology-local-fp16"}
 # between global and group averages.
 POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
+# Steps that every rank trains on after rank 0's budget ran out (see StopSignal).
+STOP_MARGIN = 24
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
 
@@ -191,6 +194,38 @@ def _make_contender(name, model, config, rank, size):
     return ddp, PostLocalSGDOptimizer(base, averager), Comm("torch"), None
 
 
+class StopSignal:
+    """How rank 0 tells the others to stop, without a collective: a barrier in the loop would make every
+    rank wait for the slowest at each check, outside the training clock, and hide a straggler from the
+    group schedules' clocks (their ranks otherwise wait only for their groups).
+
+    Rank 0, out of its time budget, writes the step every rank stops before: ``margin`` steps on from its
+    own, so that the ranks ahead of it (by at most a few averaging periods: each waits for its group,
+    the groups for one another) have not passed it. Every rank reads the file before each step (all of
+    them run on this machine). A rank already past the step cannot stop with the others: it raises.
+    """
+
+    def __init__(self, path, rank, margin):
+        self.path, self.rank, self.margin, self.at = path, rank, margin, None
+
+    def announce(self, step):
+        if self.at is None:
+            self.at = step + 1 + self.margin
+            with open(self.path + ".tmp", "w") as f:
+                f.write(str(self.at))
+            os.replace(self.path + ".tmp", self.path)
+
+    def now(self, step):
+        """Whether to stop before ``step``."""
+        if self.at is None and os.path.exists(self.path):
+            with open(self.path) as f:
+                self.at = int(f.read())
+        if self.at is not None and step > self.at:
+            raise RuntimeError(f"rank {self.rank} reached step {step} before it read the stop step {self.at}: "
+                               f"raise the bench's stop margin ({self.margin} steps)")
+        return step == self.at
+
+
 def evaluate(model, x, y):
     import torch
 
@@ -257,7 +292,10 @@ def run(config):
     kinds, kind_of_step, slowed_seconds, decisions = {}, [], 0.0, []
     train_clock = 0.0
     loss_value = float("nan")
+    stop = StopSignal(config["out"] + ".stop", rank, config.get("stop_margin", STOP_MARGIN))
     for step in range(config["steps"]):
+        if stop.now(step):
+            break
         idx = next(data)
         started = time.perf_counter()
         opt.zero_grad()
@@ -289,9 +327,8 @@ def run(config):
             curve.append({"step": step + 1, "time": train_clock, "train_loss": float(np.mean(losses)),
                           "test_loss": test_loss, "accuracy": accuracy})
             losses = []
-            stop = rank == 0 and train_clock > config["max_train_seconds"]
-            if not last and comm.max_flag(stop):
-                break
+            if rank == 0 and train_clock > config["max_train_seconds"]:
+                stop.announce(step)
     comm.max_flag(0)
     if rank == 0:
         print("MARK end", flush=True)
