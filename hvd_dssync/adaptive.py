@@ -15,13 +15,13 @@ collective of its own. Under group averaging one window in ``probe_every`` does 
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
 figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
-cost). Under global averaging only the first window probes (its last average but one is a group one);
-from then on the last group figure is kept, and the policy switches when the global average's measured
+cost). Under global averaging only the first window probes (its second average is a group one, so that the next
+global average can already switch); from then on the last group figure is kept, and the policy switches when the global average's measured
 cost makes that figure worth it. So while the network stays fast the policy averages as a fixed global
 schedule does.
 
-A window counted in steps lasts long when steps become slow (a straggler makes every global average wait
-for its steps), so under global averaging the figures of the last period also ride along every global
+A window counted in steps lasts long when steps become slow (a slowed link makes every global average
+slow), so under global averaging the figures of the last period also ride along every global
 average inside a window (``switch_early``), and the ranks switch to group averages there when those
 figures say so twice in a row, or once by far (:meth:`AdaptiveState.switch_early`); everything else
 waits for the window's end. The
@@ -69,9 +69,9 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: under group averaging, the last average of one window in ``probe_every`` is global
-            (a probe), so the global figure stays fresh and the policy can decide; under global
-            averaging, only the first window probes (its last average but one is a group average).
+        probe_every: under group averaging, the last average of every ``probe_every``-th window is
+            global (a probe), so the global figure stays fresh and the policy can decide; under global
+            averaging, only the first window probes (its second average is a group average).
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
             gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
@@ -85,7 +85,7 @@ class AdaptivePolicy:
         switch_early: under global averaging, also switch to group averages at a global average inside a
             window, from the figures of the last period (the least compute time of its steps, the last
             global average's time), when they say so at two such averages in a row, or at one when group
-            averages would save at least halfway from ``enter_gain`` to all of a period; so a straggler or a
+            averages would save at least halfway from ``enter_gain`` to all of a period; so a
             slowed link is answered within periods, not a window (PyTorch; the Keras adapter decides at
             windows' ends only).
 
@@ -245,14 +245,15 @@ def decide(figures, previous, policy, step):
     """The next window's :class:`Decision`, from every rank's ``figures`` (rows, in :data:`FIGURES`' order).
 
     A pure function of its arguments: every rank, given the same gathered figures, decides alike. The
-    slowest rank paces the steps under global averages, so the compute time and the drift are the largest
-    over the ranks; under group averages a typical rank waits only for its group, so their period counts
-    the median rank's compute time and the median rank's group average (a straggler's group partners wait
-    for it inside their averages: that wait is the straggler's, not the group averages'; a straggler
-    favours groups). A global average is one collective of all ranks, and its time on a rank includes
-    waiting for the others to arrive (after group averages the ranks drift apart in time); the last to
-    arrive waits for nobody, so its time, the smallest, is the collective's own cost. A figure no rank
-    measured keeps its previous value.
+    slowest rank paces the steps in either mode, so the compute time and the drift are the largest over
+    the ranks: under global averages every rank waits for it at every average, and under group averages
+    its partners wait for it, their next partners for them, and so on, since the groups change or are
+    bridged so that every model reaches every other (a straggler favours neither mode; groups only make the
+    averages cheaper). A group average's cost is the median rank's (a straggler's partners wait for it
+    inside their group averages: that wait is the straggler's, already counted). A global average is one
+    collective of all ranks, and its time on a rank includes waiting for the others to arrive (after group
+    averages the ranks drift apart in time); the last to arrive waits for nobody, so its time, the
+    smallest, is the collective's own cost. A figure no rank measured keeps its previous value.
 
     Example::
 
@@ -267,7 +268,6 @@ def decide(figures, previous, policy, step):
     """
     figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
     compute = _largest(figures[:, 0], previous.compute_seconds)
-    typical = _typical(figures[:, 0], compute)
     global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
     group_cost = _typical(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
@@ -275,10 +275,9 @@ def decide(figures, previous, policy, step):
     gain = share = float("nan")
     known = math.isfinite(global_cost) and math.isfinite(group_cost) and math.isfinite(compute)
     if known:
-        # A global average waits for the slowest rank's steps; in groups, a typical rank waits only for its
-        # group's, so a straggler (one slow rank) makes group averages pay as a slow link does.
+        # Both modes wait for the slowest rank's steps: what group averages save is the averages' cost.
         global_period = period * compute + global_cost
-        gain = (global_period - (period * typical + group_cost)) / max(global_period, 1e-12)
+        gain = (global_period - (period * compute + group_cost)) / max(global_period, 1e-12)
         if mode == GLOBAL and gain > policy.enter_gain:
             mode = GROUP
             reasons.append(f"group averages save {gain:.0%} of a period")
@@ -360,11 +359,14 @@ class AdaptiveState:
         if (at + 1) % period:
             return LOCAL
         if self.decision.mode == GLOBAL:
-            # Only the first window probes, with its last average but one (a first step's seconds carry
-            # one-off costs, and the last average decides); the group figure is kept from then on.
-            probe_at = max(period, self.policy.decide_every - period)
+            # Only the first window probes, with its second average (the first carries one-off costs, as
+            # the first global one does, whose time the early check after the probe compares with it), so
+            # that the early check can switch inside the first window; the group figure is kept from then on.
+            probe_at = max(period, min(2 * period, self.policy.decide_every - period))
             return GROUP if window == 0 and at + 1 == probe_at else GLOBAL
-        probe = window % self.policy.probe_every == 0 or \
+        # The last window of every probe_every probes: a switch inside a window, or at its end, then averages
+        # in groups for probe_every - 1 windows at least before the next global average.
+        probe = (window + 1) % self.policy.probe_every == 0 or \
             self.decision.sync_now and window == self._window(self.decision.step + 1)[0]  # the window after only
         return GLOBAL if probe and at + 1 == self.policy.decide_every else GROUP
 

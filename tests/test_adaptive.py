@@ -35,17 +35,20 @@ def test_switches_to_groups_when_a_link_slows_and_back_when_it_recovers():
     assert modes == [GLOBAL, GLOBAL, GROUP, GROUP, GLOBAL, GLOBAL]
 
 
-def test_a_straggler_favours_group_averages_and_its_end_brings_global_ones_back():
+def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
+    """Under group averages a straggler's partners wait for it, their next partners for them, and so on:
+    the slowest rank paces both modes, and group averages save only what the averages cost."""
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=8)
     even = [[0.010, 0.02, 0.015, 0.0]] * 8
     straggler = even[:7] + [[0.260, 0.02, 0.015, 0.0]]  # one rank computes 26x slower
+    slow_link = [[0.260, 1.0, 0.015, 0.0]] + [[0.010, 1.0, 0.015, 0.0]] * 7  # and global averages 50x slower
     decisions, decision = [], initial_decision(p)
-    for figures in (even, straggler, straggler, even, even):
+    for figures in (even, straggler, straggler, slow_link, even):
         decision = decide(figures, decision, p, 15)
         decisions.append(decision)
-    assert [d.mode for d in decisions] == [GLOBAL, GROUP, GROUP, GLOBAL, GLOBAL]
-    assert decisions[1].gain > 0.9 and decisions[1].compute_seconds == 0.26
-    assert {d.period for d in decisions} == {4}
+    assert [d.mode for d in decisions] == [GLOBAL, GLOBAL, GLOBAL, GROUP, GLOBAL]
+    assert 0 < decisions[1].gain < 0.01 and decisions[1].compute_seconds == 0.26
+    assert decisions[3].gain > 0.3
 
 
 def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
@@ -85,15 +88,18 @@ def _figures_after(states, kind, seconds, computes):
     return np.concatenate([twin.figures() for twin in twins])
 
 
-def test_a_straggler_inside_a_window_is_answered_at_the_next_global_average():
-    """One rank computes 25x slower from step 20 on: the window of steps 16-31 would decide at step 31; the
-    figures of the first period slow on every step (20-23) ride along the global average of step 27 and
-    switch there already."""
-    straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
+def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
+    """Global averages 10x slower from step 17 on: the window of steps 16-31 would decide at step 31; the
+    slow average of step 19 rides along the global average of step 23 and switches there already. A
+    straggler from step 20 on switches nothing: it paces group averages as well."""
+    even = lambda step, rank: 0.01  # noqa: E731
+    slowed = lambda step: 0.2 if step >= 17 else 0.02  # noqa: E731
     early = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert run_ranks(early, 32, straggler, lambda step: 0.02)[1:] == [(27, GROUP)]
+    assert run_ranks(early, 32, even, slowed)[1:] == [(23, GROUP)]
     late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
-    assert run_ranks(late, 32, straggler, lambda step: 0.02)[1:] == [(31, GROUP)]
+    assert run_ranks(late, 32, even, slowed)[1:] == [(31, GROUP)]
+    straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
+    assert {mode for _, mode in run_ranks(early, 48, straggler, lambda step: 0.02)} == {GLOBAL}
 
 
 def test_one_slow_step_inside_a_period_is_no_straggler():
@@ -159,9 +165,9 @@ def test_decisions_come_only_at_windows_that_end_with_a_global_average():
     state.decision = state.decision._replace(period=4)
     # Global averages: every window ends with one (the probe is the first average of a window).
     assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 23, 31]
-    # Group averages: only the probe windows (one in probe_every) end with a global average.
+    # Group averages: only the probe windows (every probe_every-th) end with a global average.
     state.decision = state.decision._replace(mode=GROUP)
-    assert [t for t in range(32) if state.is_decision_step(t)] == [7, 23]
+    assert [t for t in range(32) if state.is_decision_step(t)] == [15, 31]
 
 
 @pytest.mark.parametrize("size", [2, 8, 1000])
@@ -213,9 +219,10 @@ def test_drift_above_the_bound_ends_the_next_window_with_a_global_average():
     assert [state.action(t) for t in range(8, 16)] == [GROUP] * 8
 
 
-def test_a_straggler_s_partners_waiting_in_their_group_averages_keep_groups():
+def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_averages_back():
     """Under group averages the straggler's partners wait for it inside their group averages: the median
-    rank's group average, not the largest, is what groups cost; group averages stay."""
+    rank's group average, not the largest, is what groups cost, and the straggler paces both modes, so
+    group averages, no cheaper than a global one here, save nothing."""
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
     grouped = initial_decision(p)._replace(mode=GROUP, global_seconds=0.07, group_seconds=0.08)
     fast = [0.01, 0.07, 0.08, 0.0]
@@ -223,20 +230,20 @@ def test_a_straggler_s_partners_waiting_in_their_group_averages_keep_groups():
     straggler = [0.25, 0.07, 0.08, 0.0]
     figures = [fast] * 4 + [partners] * 3 + [straggler]
     decision = decide(figures, grouped, p, 15)
-    assert decision.mode == GROUP and decision.group_seconds == 0.08, decision
+    assert decision.mode == GLOBAL and decision.group_seconds == 0.08 and decision.compute_seconds == 0.25, decision
 
 
 def test_probes_give_the_mode_not_in_use_fresh_figures():
     p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
     state = AdaptiveState(p, warmup_steps=1)
-    # Global averages: the last average but one of the first window is a group average, and no later one is.
-    assert [state.action(t) for t in range(10)] == ["bsp"] + [GLOBAL] * 6 + [GROUP, GLOBAL, GLOBAL]
+    # Global averages: the second average of the first window is a group average, and no later one is.
+    assert [state.action(t) for t in range(10)] == ["bsp", GLOBAL, GROUP] + [GLOBAL] * 7
     assert {state.action(t) for t in range(9, 41)} == {GLOBAL}
     # Group averages every 2 steps: the last average of a probe window is global (the last rank to arrive
     # measures the collective alone); its figures are gathered after it.
     state.decision = state.decision._replace(mode=GROUP, period=2)
     probe = [LOCAL, GROUP, LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL]
-    assert [state.action(t) for t in range(1, 25)] == probe + [LOCAL, GROUP] * 4 + probe
+    assert [state.action(t) for t in range(1, 33)] == [LOCAL, GROUP] * 4 + probe + [LOCAL, GROUP] * 4 + probe
     # The global figure is a rank's fewest seconds: the collective without the wait for late ranks.
     for kind, seconds in ((GLOBAL, 0.3), (GLOBAL, 0.02), (GROUP, 0.01), (GROUP, 0.03), (GROUP, 0.02)):
         state.record(kind, seconds, 0.05)
@@ -297,7 +304,7 @@ def test_simulator_replays_a_changing_network(tmp_path):
     out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                           policy=AdaptivePolicy(decide_every=16))
     switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-    assert switches == [(88, GROUP), (207, GLOBAL)]  # t = 30 s falls at step 86, inside the window 80-95
+    assert switches == [(88, GROUP), (255, GLOBAL)]  # t = 30 s falls at step 86, inside the window 80-95
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
     at_ends = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                               policy=AdaptivePolicy(decide_every=16, switch_early=False))

@@ -20,8 +20,9 @@ DELAY, COMPUTE = 1.0, 0.05
 SETTINGS = dict(decide_every=8, max_period=1, probe_every=2, enter_gain=0.7, leave_gain=0.5, drift_bound=None)
 # PyTorch switches at the global average after the first slow one (the last period's figures ride along
 # it, and group averages would save far more than enter_gain); Keras at the window's end. The way back
-# comes at the probe of the window 48-55, whose one global average is fast again.
-EXPECTED_CHANGES = {"torch": [(17, "group"), (55, "global")], "keras": [(23, "group"), (55, "global")]}[FRAMEWORK]
+# comes at the probe of the window 56-63 (under group averages the windows 8-15, 24-31, ... probe), whose
+# one global average is fast again.
+EXPECTED_CHANGES = {"torch": [(17, "group"), (63, "global")], "keras": [(23, "group"), (63, "global")]}[FRAMEWORK]
 
 
 class Count(logging.Handler):
@@ -56,8 +57,8 @@ def check(decisions, figures, kinds, models, messages, hvd, allgather_object):
             changes.append((step, decided))
             mode = decided
     assert changes == EXPECTED_CHANGES, f"mode changes {changes}, expected {EXPECTED_CHANGES}; {figures}"
-    assert all(k == "group" for k in kinds[24:31]) and kinds[40:48].count("group") == 8, kinds
-    assert kinds[:8] == ["global"] * 6 + ["group", "global"], kinds  # the first window's probe
+    assert all(k == "group" for k in kinds[24:31]) and kinds[32:40].count("group") == 8, kinds
+    assert kinds[:8] == ["global", "group"] + ["global"] * 6, kinds  # the first window's probe
     assert "group" not in kinds[8:16], kinds  # global averages probe in the first window only
     assert sum(1 for m in messages if "averages every" in m) == 2, messages
     spread = float(np.max(np.ptp(np.stack(allgather_object(models)), axis=0)))
@@ -182,7 +183,7 @@ def run_keras():
     check(decisions, figures, kinds, model_now, counter.messages, hvd, hvd_tf.allgather_object)
     assert history.history["dssync_global_averaging"] == [1.0, 0.0, 0.0, 1.0], history.history
     # Under group averages only a probe window (one in two here) ends with a global average and decides.
-    assert history.history["dssync_decision_step"] == [15.0, 23.0, 39.0, 63.0], history.history
+    assert history.history["dssync_decision_step"] == [15.0, 31.0, 47.0, 63.0], history.history
 
 
 if __name__ == "__main__":
