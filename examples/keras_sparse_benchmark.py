@@ -7,8 +7,8 @@ weight per id, the FM pairwise interaction and a small MLP, trained with ``model
 variant trains the same model from the same start for ``--steps`` steps, one after the other in this job.
 Rank 0 prints one markdown row per variant: median step, bytes sent per step (DS-Sync: its
 ``SyncStatsCallback``; Horovod: the allgather of every looked-up row's gradient and id, as Horovod sends
-them, or a ring allreduce), rows in play at the end, the final training loss, and with ``--target-loss``
-the training seconds until rank 0's mean loss over 10 steps fell below it::
+them, or a ring allreduce), rows in play at the end, the final training loss, the AUC of rank 0's model on
+held-out clicks, and with ``--target-loss`` the training seconds until rank 0's mean loss over 10 steps fell below it::
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/keras_sparse_benchmark.py
 """
@@ -19,8 +19,10 @@ import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
+from sklearn.metrics import roc_auc_score
 
 FIELDS, WIDTH = 26, 16
+HELD_OUT, HELD_OUT_SEED = 8192, 999  # clicks no rank trains on, drawn as the training ones
 
 
 def click_model(rows):
@@ -48,6 +50,12 @@ def data(rows, batch, seed, steps):
     logits = truth[ids].sum(1) / np.sqrt(FIELDS)
     labels = (rng.random(batch * steps) < 1 / (1 + np.exp(-logits))).astype(np.float32)
     return ids, labels[:, None]
+
+
+def held_out_auc(model, rows):
+    """The AUC of ``model``'s scores on the held-out clicks (as the PyTorch twin's)."""
+    ids, labels = data(rows, HELD_OUT, HELD_OUT_SEED, 1)
+    return float(roc_auc_score(labels.ravel(), model(ids, training=False).numpy().ravel()))
 
 
 def ring_bytes(n, nbytes):
@@ -103,7 +111,8 @@ def run(variant, args, x, y):
             break
     skip = min(5, steps // 4)  # the first steps trace the step and start Horovod's cycle
     return {"variant": variant, "step_ms": 1000 * float(np.median(clock.times[skip:])), "mb_per_step": per_step / 1e6,
-            "loss": float(np.mean(clock.losses[-10:])), "rows_in_play": in_play, "reached": reached}
+            "loss": float(np.mean(clock.losses[-10:])), "rows_in_play": in_play, "reached": reached,
+            "auc": held_out_auc(model, args.rows)}
 
 
 def main():
@@ -124,13 +133,13 @@ def main():
         print(f"\nKeras, {hvd.size()} ranks, {args.rows} x {WIDTH} table + {args.rows} x 1, batch {args.batch}, "
               f"{args.steps} steps, SGD lr {args.lr}, DS-Sync default groups, global_every={args.global_every}\n")
         print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), at the end | "
-              f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) |")
-        print("|---|---:|---:|---:|---:|---:|")
+              f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | held-out AUC |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for r in results:
             play = "-" if r["rows_in_play"] is None else "%d" % r["rows_in_play"]
             reached = "-" if r["reached"] is None else "%.1f (%d)" % r["reached"]
             print(f"| {r['variant']} | {r['step_ms']:.1f} | {r['mb_per_step']:.2f} | {play} | {r['loss']:.4f} "
-                  f"| {reached} |")
+                  f"| {reached} | {r['auc']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ interaction and a small MLP. Labels come from a hidden model of the same shape, 
 Each variant trains the same model from the same start for ``--steps`` steps, one after the other in
 this job, with plain SGD. Rank 0 prints one markdown row per variant: median step, bytes sent per step
 (DS-Sync: ``last_sync["bytes_sent"]``; Horovod: a ring allreduce or allgather of what it sends), rows in
-play, the final training loss, and with ``--target-loss`` the training seconds until rank 0's mean loss over
-10 steps fell below it::
+play, the final training loss, the AUC of rank 0's model on held-out clicks, and with ``--target-loss`` the
+training seconds until rank 0's mean loss over 10 steps fell below it::
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/pytorch_sparse_benchmark.py
 """
@@ -19,8 +19,10 @@ import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import numpy as np
 import torch
+from sklearn.metrics import roc_auc_score
 
 FIELDS, WIDTH = 26, 16
+HELD_OUT, HELD_OUT_SEED = 8192, 999  # clicks no rank trains on, drawn as the training ones
 
 
 class ClickModel(torch.nn.Module):
@@ -50,6 +52,13 @@ def batches(rows, batch, seed, steps):
         logits = truth[ids].sum(1) / np.sqrt(FIELDS)
         labels = (rng.random(batch) < 1 / (1 + np.exp(-logits))).astype(np.float32)
         yield torch.from_numpy(ids), torch.from_numpy(labels)
+
+
+def held_out_auc(model, rows):
+    """The AUC of ``model``'s scores on the held-out clicks."""
+    ids, labels = next(batches(rows, HELD_OUT, HELD_OUT_SEED, 1))
+    with torch.no_grad():
+        return float(roc_auc_score(labels.numpy(), model(ids).numpy()))
 
 
 def ring_bytes(n, nbytes):
@@ -96,7 +105,8 @@ def run(variant, args):
     skip = min(5, args.steps // 4)  # the first steps warm caches and start Horovod's cycle
     return {"variant": variant, "step_ms": 1000 * float(np.median(times[skip:])),
             "mb_per_step": float(np.mean(sent[skip:])) / 1e6, "loss": float(np.mean(losses[-10:])),
-            "rows_in_play": (int(np.median(in_play)), int(max(in_play))) if in_play else None, "reached": reached}
+            "rows_in_play": (int(np.median(in_play)), int(max(in_play))) if in_play else None, "reached": reached,
+            "auc": held_out_auc(model, args.rows)}
 
 
 def main():
@@ -117,13 +127,13 @@ def main():
         print(f"\n{hvd.size()} ranks, {args.rows} x {WIDTH} table + {args.rows} x 1, batch {args.batch}, "
               f"{args.steps} steps, SGD lr {args.lr}, DS-Sync default groups, global_every={args.global_every}\n")
         print("| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), median / max | "
-              f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) |")
-        print("|---|---:|---:|---:|---:|---:|")
+              f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | held-out AUC |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for r in results:
             play = "-" if r["rows_in_play"] is None else "%d / %d" % r["rows_in_play"]
             reached = "-" if r["reached"] is None else "%.1f (%d)" % r["reached"]
             print(f"| {r['variant']} | {r['step_ms']:.1f} | {r['mb_per_step']:.2f} | {play} | {r['loss']:.4f} "
-                  f"| {reached} |")
+                  f"| {reached} | {r['auc']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -98,8 +98,9 @@ def main():
     print(f"\n{args.framework}, {args.ranks} ranks, {where}; Gloo controller, OMP_NUM_THREADS=1; {args.rows} rows, {args.steps} steps\n")
     play = "median / max" if args.framework == "pytorch" else "at the end"
     print(f"| variant | median step (ms) | MB sent per step (rank 0) | rows in play (both tables), {play} | "
-          f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | MB per step over the bottleneck |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          f"loss, last 10 steps | s to loss < {args.target_loss or '-'} (step) | held-out AUC | "
+          "MB per step over the bottleneck |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(lines))
 
 
