@@ -330,7 +330,7 @@ class AdaptiveState:
         ...                        gathered=gathered) for s in states]
         ...     decisions += [d for d in made if d is not None]
         >>> {(d.step, d.mode, d.period) for d in decisions}  # the same on every rank
-        {(3, 'group', 1)}
+        {(2, 'group', 1)}
     """
 
     def __init__(self, policy, warmup_steps=0):
@@ -467,11 +467,13 @@ class AdaptiveState:
     def recent_figures(self):
         """This rank's figures of the last averaging period: the least compute time of its steps (a rank is
         slow when every step of the period was: an evaluation or a stall on one step is no trend), the
-        last global average's time (a deciding one included, across windows; NaN before one), the last
-        group figure unknown (NaN: the decision keeps its own) and no drift."""
+        last global average's time (a deciding one included, across windows; NaN before one), the window's
+        group figure (the first window's probe; NaN in later windows: the decision keeps its own) and no
+        drift."""
         compute = self._samples["compute"][-self.decision.period:]
         nan = float("nan")
-        return np.array([[min(compute, default=nan), self._last_global, nan, nan]], dtype=np.float64)
+        return np.array([[min(compute, default=nan), self._last_global, _median(self._samples[GROUP]), nan]],
+                        dtype=np.float64)
 
     def switch_early(self, step, gathered):
         """Switch to group averages from every rank's ``gathered`` :meth:`recent_figures` when :func:`decide`

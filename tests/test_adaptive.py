@@ -102,6 +102,16 @@ def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
     assert {mode for _, mode in run_ranks(early, 48, straggler, lambda step: 0.02)} == {GLOBAL}
 
 
+def test_a_link_slow_from_the_start_switches_inside_the_first_window():
+    """The first window probes a group average at its second average, and the global average after it
+    carries that figure: on a link slow from the start the ranks switch there, at step 11 of 16, and the
+    first window, not a probe window under group averages, ends with a group average."""
+    even = lambda step, rank: 0.01  # noqa: E731
+    p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
+    assert run_ranks(p, 32, even, lambda step: 0.5) == [(11, GROUP)]
+    assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GLOBAL, GROUP, GLOBAL, GLOBAL]
+
+
 def test_one_slow_step_inside_a_period_is_no_straggler():
     """Rank 3 is slow on two steps of one period (an evaluation, a stall), then fast again: no switch."""
     spiky = lambda step, rank: 0.25 if rank == 3 and step in (21, 22) else 0.01  # noqa: E731

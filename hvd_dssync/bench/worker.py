@@ -50,7 +50,8 @@ FP16 = {"dssync-topology-local-fp16"}
 # between global and group averages.
 POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
-# Steps that every rank trains on after rank 0's budget ran out (see StopSignal).
+# Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
+# that allreduce every step.
 STOP_MARGIN = 24
 _SETTLE_SECONDS = 0.5  # after "MARK end", before the final averaging, so the counters are read first
 
@@ -292,7 +293,8 @@ def run(config):
     kinds, kind_of_step, slowed_seconds, decisions = {}, [], 0.0, []
     train_clock = 0.0
     loss_value = float("nan")
-    stop = StopSignal(config["out"] + ".stop", rank, config.get("stop_margin", STOP_MARGIN))
+    margin = 1 if name in ("horovod-bsp", "ddp") else STOP_MARGIN  # every step of theirs waits for every rank
+    stop = StopSignal(config["out"] + ".stop", rank, config.get("stop_margin", margin))
     for step in range(config["steps"]):
         if stop.now(step):
             break
