@@ -299,3 +299,18 @@ def test_probe_topology_finds_the_racks_behind_the_slow_link():
     assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
     racks = [json.loads(line[6:]) for line in outputs[0].splitlines() if line.startswith("RACKS ")]
     assert racks == [[[0, 1], [2, 3]]], outputs[0]
+
+
+def test_stop_signal_stops_every_rank_at_one_step_without_a_collective(tmp_path):
+    """Rank 0 announces the stop step, margin steps on; a rank behind stops there, a rank past it raises."""
+    from hvd_dssync.bench.worker import StopSignal
+
+    path = str(tmp_path / "record.json.stop")
+    leader, behind, ahead = StopSignal(path, 0, 3), StopSignal(path, 1, 3), StopSignal(path, 2, 3)
+    assert not behind.now(5)  # nothing announced yet
+    leader.announce(9)
+    leader.announce(12)  # the first announcement holds
+    assert [leader.now(t) for t in (10, 12, 13)] == [False, False, True]
+    assert [behind.now(t) for t in (6, 12, 13)] == [False, False, True]
+    with pytest.raises(RuntimeError, match="stop margin"):
+        ahead.now(14)
