@@ -11,14 +11,15 @@ Every rank must take each decision at the same step, so decisions are taken only
 :func:`decide`, a pure function of those figures and the previous decision. Under global averaging every
 window ends so, and the figures ride along in that global average (:func:`encode_figures`: each rank
 fills its own slots, the others are zeros, so every rank reads the same numbers): the policy adds no
-collective of its own. Under group averaging one window in ``probe_every`` does (a *probe* window, whose
+collective of its own (but one, once in a job: see below). Under group averaging one window in ``probe_every`` does (a *probe* window, whose
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
 figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
-cost). Under global averaging only the first window probes (its second average is a group one, so that the next
-global average can already switch); from then on the last group figure is kept, and the policy switches when the global average's measured
-cost makes that figure worth it. So while the network stays fast the policy averages as a fixed global
-schedule does.
+cost). Under global averaging only the first window probes: its second average is a group one, after
+which the PyTorch adapter gathers the figures in one small collective (once in a job) and may switch at
+once, on a link slow from the start (elsewhere the next global average carries them). From then on the
+last group figure is kept, and the policy switches when the global average's measured cost makes that
+figure worth it. So while the network stays fast the policy averages as a fixed global schedule does.
 
 A window counted in steps lasts long when steps become slow (a slowed link makes every global average
 slow), so under global averaging the figures of the last period also ride along every global
@@ -425,7 +426,7 @@ class AdaptiveState:
         return None
 
     def end_step(self, step, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), gathered=None,
-                 gather=None):
+                 gather=None, gather_recent=None):
         """Record step ``step`` (as :meth:`record`) and take what it decides; returns the :class:`Decision`
         of a decision step (whether or not mode and period change), the new one where an early check
         switches, else ``None``.
@@ -437,7 +438,15 @@ class AdaptiveState:
         average that could not carry them) is recorded first, its average's seconds being the freshest
         measurement, and ``gather(figures)`` returns every rank's figures from this rank's :meth:`figures`
         (a collective: every rank calls it at the same decision step).
+
+        ``gather_recent``: where given (an adapter that can switch inside a window), the first window's
+        probe is an early check too: its group average is recorded, ``gather_recent(figures)`` returns every
+        rank's :meth:`recent_figures` (one small collective, once in a job) and :meth:`switch_early` may
+        switch there, one global average sooner than the next global average could carry them.
         """
+        if gather_recent is not None and self.is_first_probe(step):
+            self.record(kind, seconds, compute_seconds, drift)
+            return self.switch_early(step, np.asarray(gather_recent(self.recent_figures()), dtype=np.float64))
         decided = self.is_decision_step(step)
         if gathered is None or not (decided or self.is_early_check(step)):
             self.record(kind, seconds, compute_seconds, drift)
@@ -463,6 +472,13 @@ class AdaptiveState:
         global averaging, with ``switch_early``, a global average inside a window."""
         return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
                 and not self.is_window_end(step) and self.action(step) == GLOBAL)
+
+    def is_first_probe(self, step):
+        """Whether ``step`` is the first window's probe under global averaging (its one group average), with
+        ``switch_early``: an adapter that can switch inside a window gathers the figures there
+        (:meth:`end_step`'s ``gather_recent``)."""
+        return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
+                and self._window(step)[0] == 0 and self.action(step) == GROUP)
 
     def recent_figures(self):
         """This rank's figures of the last averaging period: the least compute time of its steps (a rank is

@@ -619,8 +619,9 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
             if forced is not None:
                 state.record(kind, seconds, compute_seconds)
                 continue
+            same = lambda figures: figures  # noqa: E731  every rank's figures are this one's
             decision = state.end_step(step, kind, seconds, compute_seconds, gathered=state.carried_figures(step),
-                                      gather=lambda figures: figures)  # every rank's figures are this one's
+                                      gather=same, gather_recent=same)
             if decision is not None:
                 decisions.append(dict(decision.as_dict(), t=clock))
         return clock, decisions

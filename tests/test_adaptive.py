@@ -51,10 +51,11 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
     assert decisions[3].gain > 0.3
 
 
-def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
+def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4, inside_windows=True):
     """Play ``steps`` on ``ranks`` states as the adapters do (:meth:`AdaptiveState.end_step`), the figures
-    riding along every average that carries them, else gathered after the step; returns the decisions
-    (step, mode) of rank 0 and checks that every rank took the same."""
+    riding along every average that carries them, else gathered after the step (and after the first
+    window's probe, ``inside_windows``, as the PyTorch adapter does; the Keras adapter does not); returns
+    the decisions (step, mode) of rank 0 and checks that every rank took the same."""
     states = [AdaptiveState(policy) for _ in range(ranks)]
     taken = []
     for step in range(steps):
@@ -72,20 +73,32 @@ def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, 
             assert np.array_equal(figures[0], after[rank], equal_nan=True), (figures, after[rank])
             return after
 
+        recent = _recent_after(states, kind, seconds, [compute_of(step, r) for r in range(ranks)])
+
+        def gather_recent(figures, rank):
+            assert np.array_equal(figures[0], recent[rank], equal_nan=True), (figures, recent[rank])
+            return recent
+
         made = [s.end_step(step, kind, seconds, compute_of(step, rank), gathered=gathered,
-                           gather=lambda f, rank=rank: gather(f, rank)) for rank, s in enumerate(states)]
+                           gather=lambda f, rank=rank: gather(f, rank),
+                           gather_recent=(lambda f, rank=rank: gather_recent(f, rank)) if inside_windows else None)
+                for rank, s in enumerate(states)]
         assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
         if made[0] is not None:
             taken.append((step, made[0].mode))
     return taken
 
 
-def _figures_after(states, kind, seconds, computes):
+def _figures_after(states, kind, seconds, computes, which="figures"):
     """What an allgather after the step returns: every rank's figures once it has recorded the step."""
     twins = [copy.deepcopy(s) for s in states]
     for twin, compute in zip(twins, computes):
         twin.record(kind, seconds, compute)
-    return np.concatenate([twin.figures() for twin in twins])
+    return np.concatenate([getattr(twin, which)() for twin in twins])
+
+
+def _recent_after(states, kind, seconds, computes):
+    return _figures_after(states, kind, seconds, computes, which="recent_figures")
 
 
 def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
@@ -103,13 +116,19 @@ def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
 
 
 def test_a_link_slow_from_the_start_switches_inside_the_first_window():
-    """The first window probes a group average at its second average, and the global average after it
-    carries that figure: on a link slow from the start the ranks switch there, at step 11 of 16, and the
-    first window, not a probe window under group averages, ends with a group average."""
+    """The first window probes a group average at its second average: on a link slow from the start the
+    PyTorch adapter gathers the figures right after it and switches there, at step 7 of 16; the Keras
+    adapter, whose window is traced, lets the global average after it carry them, and switches at step 11.
+    Either way the first window, not a probe window under group averages, ends with a group average."""
     even = lambda step, rank: 0.01  # noqa: E731
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert run_ranks(p, 32, even, lambda step: 0.5) == [(11, GROUP)]
+    assert run_ranks(p, 32, even, lambda step: 0.5) == [(7, GROUP)]
+    assert run_ranks(p, 32, even, lambda step: 0.5, inside_windows=False) == [(11, GROUP)]
     assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GLOBAL, GROUP, GLOBAL, GLOBAL]
+    # A fast network: the probe's figures say global averages, and the policy goes on as before.
+    assert run_ranks(p, 32, even, lambda step: 0.012) == [(15, GLOBAL), (31, GLOBAL)]
+    slow_then = lambda step: 0.5 if step > 7 else 0.012  # noqa: E731  slowed after the probe: as before
+    assert run_ranks(p, 32, even, slow_then)[:2] == run_ranks(p, 32, even, slow_then, inside_windows=False)[:2]
 
 
 def test_one_slow_step_inside_a_period_is_no_straggler():
