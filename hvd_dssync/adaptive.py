@@ -11,15 +11,19 @@ Every rank must take each decision at the same step, so decisions are taken only
 :func:`decide`, a pure function of those figures and the previous decision. Under global averaging every
 window ends so, and the figures ride along in that global average (:func:`encode_figures`: each rank
 fills its own slots, the others are zeros, so every rank reads the same numbers): the policy adds no
-collective of its own (but one, once in a job: see below). Under group averaging one window in ``probe_every`` does (a *probe* window, whose
+collective of its own. Under group averaging one window in ``probe_every`` does (a *probe* window, whose
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
 figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
-cost). Under global averaging only the first window probes: its second average is a group one, after
-which the PyTorch adapter gathers the figures in one small collective (once in a job) and may switch at
-once, on a link slow from the start (elsewhere the next global average carries them). From then on the
-last group figure is kept, and the policy switches when the global average's measured cost makes that
-figure worth it. So while the network stays fast the policy averages as a fixed global schedule does.
+cost). The first window is a probe window under group averages: the ranks start cheap, measure both
+kinds of average, and decide at its end (on a fast network, global averages from then on). Under global
+averaging the last group figure is kept, and the policy switches when the global average's measured cost
+makes that figure worth it.
+
+The schedule advances once per average, global ones included, so that a window of ``decide_every /
+period`` averages, a multiple of the topology-aware schedule's cycle (``intra_steps + 1``), ends where
+the schedule crosses the racks: a probe takes the place of a bridge step, which crossed the slow links
+anyway, and costs only what a global average costs more than a bridge.
 
 A window counted in steps lasts long when steps become slow (a slowed link makes every global average
 slow), so under global averaging the figures of the last period also ride along every global
@@ -70,9 +74,9 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: under group averaging, the last average of every ``probe_every``-th window is
-            global (a probe), so the global figure stays fresh and the policy can decide; under global
-            averaging, only the first window probes (its second average is a group average).
+        probe_every: under group averaging, the last average of the first window and of every
+            ``probe_every``-th window is global (a probe), so the global figure stays fresh and the policy
+            can decide.
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
             gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
@@ -192,7 +196,7 @@ class Decision(NamedTuple):
 
         >>> d = initial_decision(AdaptivePolicy())
         >>> d.mode, d.period, sorted(d.as_dict())[:3]
-        ('global', 1, ['compute_seconds', 'drift', 'gain'])
+        ('group', 1, ['compute_seconds', 'drift', 'gain'])
     """
     step: int
     mode: str
@@ -213,15 +217,17 @@ class Decision(NamedTuple):
 
 
 def initial_decision(policy):
-    """Before any figure: global averages at the shortest period (the network is presumed fast).
+    """Before any figure: group averages at the shortest period, for the first window, a probe window (its
+    last average is global): the ranks start with the cheap average and measure both before choosing.
 
     Example::
 
-        >>> initial_decision(AdaptivePolicy(min_period=2, max_period=4, decide_every=8)).period
-        2
+        >>> d = initial_decision(AdaptivePolicy(min_period=2, max_period=4, decide_every=8))
+        >>> d.mode, d.period
+        ('group', 2)
     """
     nan = float("nan")
-    return Decision(-1, GLOBAL, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
+    return Decision(-1, GROUP, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
 
 
 def _least(a, b):
@@ -279,7 +285,10 @@ def decide(figures, previous, policy, step):
         # Both modes wait for the slowest rank's steps: what group averages save is the averages' cost.
         global_period = period * compute + global_cost
         gain = (global_period - (period * compute + group_cost)) / max(global_period, 1e-12)
-        if mode == GLOBAL and gain > policy.enter_gain:
+        if previous.step < 0:  # the first decision: group averages only where they pay as a switch would
+            mode = GROUP if gain > policy.enter_gain else GLOBAL
+            reasons.append(f"group averages save {'only ' if mode == GLOBAL else ''}{gain:.0%} of a period")
+        elif mode == GLOBAL and gain > policy.enter_gain:
             mode = GROUP
             reasons.append(f"group averages save {gain:.0%} of a period")
         elif mode == GROUP and gain < policy.leave_gain:
@@ -318,7 +327,7 @@ class AdaptiveState:
     takes what it decides; the order of the two (a probe's own time counts in the figures gathered after
     it, an average that carried the figures belongs to no window) is kept there, once for every adapter.
 
-    Example (four ranks in one process, a global average that becomes slow)::
+    Example (four ranks in one process; global averages fast, then slow from step 6)::
 
         >>> p = AdaptivePolicy(decide_every=4, max_period=1)
         >>> states = [AdaptiveState(p) for _ in range(4)]
@@ -327,18 +336,20 @@ class AdaptiveState:
         ...     kind = states[0].action(step)
         ...     carried = [s.carried_figures(step) for s in states]
         ...     gathered = None if carried[0] is None else np.concatenate(carried)  # what the average carried
-        ...     made = [s.end_step(step, kind, 0.5 if kind == "global" else 0.01, compute_seconds=0.1,
-        ...                        gathered=gathered) for s in states]
+        ...     seconds = {"global": 0.5 if step >= 6 else 0.02, "group": 0.01}.get(kind, float("nan"))
+        ...     made = [s.end_step(step, kind, seconds, compute_seconds=0.1, gathered=gathered,
+        ...                        gather=lambda figures: np.concatenate([figures] * 4))  # the ranks' are alike
+        ...             for s in states]
         ...     decisions += [d for d in made if d is not None]
-        >>> {(d.step, d.mode, d.period) for d in decisions}  # the same on every rank
-        {(2, 'group', 1)}
+        >>> sorted({(d.step, d.mode, d.period) for d in decisions})  # the same on every rank
+        [(3, 'global', 1), (7, 'global', 1), (8, 'group', 1)]
     """
 
     def __init__(self, policy, warmup_steps=0):
         self.policy = policy
         self.warmup_steps = warmup_steps
         self.decision = initial_decision(policy)
-        self.group_averages = 0
+        self.averages = 0  # the averages so far, after warm-up: the schedule's step
         self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
         self._early_says_group = False  # the last early check's figures said: group averages
         self._start_window()
@@ -360,37 +371,34 @@ class AdaptiveState:
         if (at + 1) % period:
             return LOCAL
         if self.decision.mode == GLOBAL:
-            # Only the first window probes, with its second average (the first carries one-off costs, as
-            # the first global one does, whose time the early check after the probe compares with it), so
-            # that the early check can switch inside the first window; the group figure is kept from then on.
-            probe_at = max(period, min(2 * period, self.policy.decide_every - period))
-            return GROUP if window == 0 and at + 1 == probe_at else GLOBAL
-        # The last window of every probe_every probes: a switch inside a window, or at its end, then averages
-        # in groups for probe_every - 1 windows at least before the next global average.
-        probe = (window + 1) % self.policy.probe_every == 0 or \
+            return GLOBAL
+        # The first window and the last of every probe_every probe: a switch inside a window, or at its end,
+        # then averages in groups for probe_every - 1 windows at least before the next global average.
+        probe = window == 0 or (window + 1) % self.policy.probe_every == 0 or \
             self.decision.sync_now and window == self._window(self.decision.step + 1)[0]  # the window after only
         return GLOBAL if probe and at + 1 == self.policy.decide_every else GROUP
 
     def planned(self, start):
         """``(kind, schedule step)`` of each step of the window that starts at ``start``, under the decision in
         force: what a traced step needs in advance (see :mod:`hvd_dssync.keras.sync`). No state changes."""
-        count, out = self.group_averages, []
+        count, out = self.averages, []
         for step in range(start, start + self.policy.decide_every):
             kind = self.action(step)
             out.append((kind, step if step < self.warmup_steps else self.warmup_steps + count))
-            count += kind == GROUP
+            count += kind in (GLOBAL, GROUP)
         return out
 
     def schedule_step(self, step):
-        """The step of the schedule for ``step``: it advances once per group average, as in :class:`Policy`."""
-        return step if step < self.warmup_steps else self.warmup_steps + self.group_averages
+        """The step of the schedule for ``step``: it advances once per average, global ones included (a
+        probe takes a bridge step's place: see the module's text)."""
+        return step if step < self.warmup_steps else self.warmup_steps + self.averages
 
     def record(self, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), decided=False):
         """Note one step: its kind, its averaging's seconds, its seconds outside the averaging, and the
         relative distance of the models its average saw (NaN where not measured). ``decided``: the step
         was a decision step, whose average carried the figures: its seconds belong to no window."""
-        if kind == GROUP:
-            self.group_averages += 1
+        if kind in (GLOBAL, GROUP):
+            self.averages += 1
         if kind == GLOBAL and math.isfinite(seconds):
             self._last_global = float(seconds)
         if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
@@ -426,7 +434,7 @@ class AdaptiveState:
         return None
 
     def end_step(self, step, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), gathered=None,
-                 gather=None, gather_recent=None):
+                 gather=None):
         """Record step ``step`` (as :meth:`record`) and take what it decides; returns the :class:`Decision`
         of a decision step (whether or not mode and period change), the new one where an early check
         switches, else ``None``.
@@ -438,15 +446,7 @@ class AdaptiveState:
         average that could not carry them) is recorded first, its average's seconds being the freshest
         measurement, and ``gather(figures)`` returns every rank's figures from this rank's :meth:`figures`
         (a collective: every rank calls it at the same decision step).
-
-        ``gather_recent``: where given (an adapter that can switch inside a window), the first window's
-        probe is an early check too: its group average is recorded, ``gather_recent(figures)`` returns every
-        rank's :meth:`recent_figures` (one small collective, once in a job) and :meth:`switch_early` may
-        switch there, one global average sooner than the next global average could carry them.
         """
-        if gather_recent is not None and self.is_first_probe(step):
-            self.record(kind, seconds, compute_seconds, drift)
-            return self.switch_early(step, np.asarray(gather_recent(self.recent_figures()), dtype=np.float64))
         decided = self.is_decision_step(step)
         if gathered is None or not (decided or self.is_early_check(step)):
             self.record(kind, seconds, compute_seconds, drift)
@@ -473,23 +473,14 @@ class AdaptiveState:
         return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
                 and not self.is_window_end(step) and self.action(step) == GLOBAL)
 
-    def is_first_probe(self, step):
-        """Whether ``step`` is the first window's probe under global averaging (its one group average), with
-        ``switch_early``: an adapter that can switch inside a window gathers the figures there
-        (:meth:`end_step`'s ``gather_recent``)."""
-        return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
-                and self._window(step)[0] == 0 and self.action(step) == GROUP)
-
     def recent_figures(self):
         """This rank's figures of the last averaging period: the least compute time of its steps (a rank is
         slow when every step of the period was: an evaluation or a stall on one step is no trend), the
-        last global average's time (a deciding one included, across windows; NaN before one), the window's
-        group figure (the first window's probe; NaN in later windows: the decision keeps its own) and no
-        drift."""
+        last global average's time (a deciding one included, across windows; NaN before one), and neither
+        group figure nor drift (a window of global averages has none: the decision keeps its own)."""
         compute = self._samples["compute"][-self.decision.period:]
         nan = float("nan")
-        return np.array([[min(compute, default=nan), self._last_global, _median(self._samples[GROUP]), nan]],
-                        dtype=np.float64)
+        return np.array([[min(compute, default=nan), self._last_global, nan, nan]], dtype=np.float64)
 
     def switch_early(self, step, gathered):
         """Switch to group averages from every rank's ``gathered`` :meth:`recent_figures` when :func:`decide`
@@ -527,7 +518,7 @@ class AdaptiveState:
 
     def state(self):
         """Plain data for a checkpoint: the decision in force and the schedule's step."""
-        return {"decision": self.decision.as_dict(), "group_averages": self.group_averages}
+        return {"decision": self.decision.as_dict(), "averages": self.averages}
 
     _NUMBERS = ("step", "period", "sync_now", "compute_seconds", "global_seconds", "group_seconds", "drift", "gain",
                 "share", "global_floor", "group_floor")
@@ -535,7 +526,7 @@ class AdaptiveState:
     def vector(self):
         """:meth:`state` as float64 numbers, for one small broadcast with the step (the reason's words stay)."""
         d = self.decision
-        return np.array([float(getattr(d, k)) for k in self._NUMBERS] + [float(d.mode == GROUP), self.group_averages],
+        return np.array([float(getattr(d, k)) for k in self._NUMBERS] + [float(d.mode == GROUP), self.averages],
                         dtype=np.float64)
 
     def load_vector(self, vector):
@@ -555,11 +546,12 @@ class AdaptiveState:
                         sync_now=bool(decision["sync_now"]), mode=GROUP if vector[len(self._NUMBERS)] else GLOBAL,
                         reason=self.decision.reason if self.vector().tobytes() == vector.tobytes()
                         else "taken from another rank")
-        self.load({"decision": decision, "group_averages": int(vector[len(self._NUMBERS) + 1])})
+        self.load({"decision": decision, "averages": int(vector[len(self._NUMBERS) + 1])})
 
     def load(self, state):
+        """Take :meth:`state` (a checkpoint of an earlier version counted group averages only: the same key)."""
         self.decision = Decision(**state["decision"])
-        self.group_averages = int(state["group_averages"])
+        self.averages = int(state["averages"] if "averages" in state else state["group_averages"])
         self._forget_recent()
         self._start_window()
 

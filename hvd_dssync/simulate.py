@@ -584,9 +584,9 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
         >>> out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, policy=AdaptivePolicy(decide_every=16),
         ...                       rate_changes=parse_rate_changes("t=30:inter=2,t=80:inter=40"))
         >>> [(d["step"], round(d["t"]), d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-        [(88, 33, 'group'), (255, 98, 'global')]
+        [(15, 5, 'global'), (89, 33, 'group'), (255, 98, 'global')]
         >>> {k: round(v) for k, v in out["seconds"].items()}  # group averages keep saving 3%, but models drift
-        {'adaptive': 188, 'global': 211, 'group': 182}
+        {'adaptive': 187, 'global': 211, 'group': 182}
     """
     from .adaptive import AdaptivePolicy, AdaptiveState
     from .policy import GLOBAL, GROUP
@@ -619,9 +619,8 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
             if forced is not None:
                 state.record(kind, seconds, compute_seconds)
                 continue
-            same = lambda figures: figures  # noqa: E731  every rank's figures are this one's
             decision = state.end_step(step, kind, seconds, compute_seconds, gathered=state.carried_figures(step),
-                                      gather=same, gather_recent=same)
+                                      gather=lambda figures: figures)  # every rank's figures are this one's
             if decision is not None:
                 decisions.append(dict(decision.as_dict(), t=clock))
         return clock, decisions

@@ -51,11 +51,10 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
     assert decisions[3].gain > 0.3
 
 
-def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4, inside_windows=True):
+def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
     """Play ``steps`` on ``ranks`` states as the adapters do (:meth:`AdaptiveState.end_step`), the figures
-    riding along every average that carries them, else gathered after the step (and after the first
-    window's probe, ``inside_windows``, as the PyTorch adapter does; the Keras adapter does not); returns
-    the decisions (step, mode) of rank 0 and checks that every rank took the same."""
+    riding along every average that carries them, else gathered after the step; returns the decisions
+    (step, mode) of rank 0 and checks that every rank took the same."""
     states = [AdaptiveState(policy) for _ in range(ranks)]
     taken = []
     for step in range(steps):
@@ -73,32 +72,20 @@ def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, 
             assert np.array_equal(figures[0], after[rank], equal_nan=True), (figures, after[rank])
             return after
 
-        recent = _recent_after(states, kind, seconds, [compute_of(step, r) for r in range(ranks)])
-
-        def gather_recent(figures, rank):
-            assert np.array_equal(figures[0], recent[rank], equal_nan=True), (figures, recent[rank])
-            return recent
-
         made = [s.end_step(step, kind, seconds, compute_of(step, rank), gathered=gathered,
-                           gather=lambda f, rank=rank: gather(f, rank),
-                           gather_recent=(lambda f, rank=rank: gather_recent(f, rank)) if inside_windows else None)
-                for rank, s in enumerate(states)]
+                           gather=lambda f, rank=rank: gather(f, rank)) for rank, s in enumerate(states)]
         assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
         if made[0] is not None:
             taken.append((step, made[0].mode))
     return taken
 
 
-def _figures_after(states, kind, seconds, computes, which="figures"):
+def _figures_after(states, kind, seconds, computes):
     """What an allgather after the step returns: every rank's figures once it has recorded the step."""
     twins = [copy.deepcopy(s) for s in states]
     for twin, compute in zip(twins, computes):
         twin.record(kind, seconds, compute)
-    return np.concatenate([getattr(twin, which)() for twin in twins])
-
-
-def _recent_after(states, kind, seconds, computes):
-    return _figures_after(states, kind, seconds, computes, which="recent_figures")
+    return np.concatenate([twin.figures() for twin in twins])
 
 
 def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
@@ -115,20 +102,17 @@ def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
     assert {mode for _, mode in run_ranks(early, 48, straggler, lambda step: 0.02)} == {GLOBAL}
 
 
-def test_a_link_slow_from_the_start_switches_inside_the_first_window():
-    """The first window probes a group average at its second average: on a link slow from the start the
-    PyTorch adapter gathers the figures right after it and switches there, at step 7 of 16; the Keras
-    adapter, whose window is traced, lets the global average after it carry them, and switches at step 11.
-    Either way the first window, not a probe window under group averages, ends with a group average."""
+def test_the_first_window_averages_in_groups_and_probes_at_its_end():
+    """The ranks start with group averages and end the first window with a global one (a probe): on a link
+    slow from the start they keep group averages, on a fast one they average globally from then on."""
     even = lambda step, rank: 0.01  # noqa: E731
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert run_ranks(p, 32, even, lambda step: 0.5) == [(7, GROUP)]
-    assert run_ranks(p, 32, even, lambda step: 0.5, inside_windows=False) == [(11, GROUP)]
-    assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GLOBAL, GROUP, GLOBAL, GLOBAL]
-    # A fast network: the probe's figures say global averages, and the policy goes on as before.
+    assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GROUP, GROUP, GROUP, GLOBAL]
+    assert run_ranks(p, 32, even, lambda step: 0.5) == [(15, GROUP)]
     assert run_ranks(p, 32, even, lambda step: 0.012) == [(15, GLOBAL), (31, GLOBAL)]
-    slow_then = lambda step: 0.5 if step > 7 else 0.012  # noqa: E731  slowed after the probe: as before
-    assert run_ranks(p, 32, even, slow_then)[:2] == run_ranks(p, 32, even, slow_then, inside_windows=False)[:2]
+    # Between the two gains the first decision goes as a switch from global averages would: global.
+    middle = decide(rows(0.01, 0.08, 0.065), initial_decision(p), p, 15)
+    assert middle.mode == GLOBAL and 0.1 < middle.gain < 0.3, middle
 
 
 def test_one_slow_step_inside_a_period_is_no_straggler():
@@ -153,12 +137,12 @@ def test_one_slow_global_average_inside_a_window_switches_only_when_far_slower()
 
 
 def test_the_deciding_average_counts_as_the_last_one():
-    """Global averages 10x slower from step 7, the last of the first window (its own average decides there,
-    from the window's earlier figures): the next global average carries its time and switches."""
+    """Global averages 10x slower from step 15, the last of the second window (its own average decides
+    there, from the window's earlier figures): the next global average carries its time and switches."""
     even = lambda step, rank: 0.05  # noqa: E731
     p = AdaptivePolicy(decide_every=8, max_period=1)
-    taken = run_ranks(p, 16, even, lambda step: 0.5 if step >= 7 else 0.02)
-    assert taken[0] == (7, GLOBAL) and taken[1] == (8, GROUP), taken
+    taken = run_ranks(p, 24, even, lambda step: 0.5 if step >= 15 else 0.02)
+    assert taken[:3] == [(7, GLOBAL), (15, GLOBAL), (16, GROUP)], taken
 
 
 def test_hysteresis_keeps_a_mode_between_the_two_gains():
@@ -166,7 +150,7 @@ def test_hysteresis_keeps_a_mode_between_the_two_gains():
     # A group average saves 20% of a period: not enough to leave global averages, nor to leave groups.
     middle = (0.05, 0.0725, 0.05)
     assert {d.mode for d in play(p, [middle] * 5)} == {GLOBAL}
-    grouped = initial_decision(p)._replace(mode=GROUP)
+    grouped = initial_decision(p)._replace(mode=GROUP, step=7)  # a decision taken, not the start
     assert {d.mode for d in play(p, [middle] * 5, start=grouped)} == {GROUP}
     # Noisy figures around the middle never flap.
     rng = np.random.default_rng(0)
@@ -192,11 +176,12 @@ def test_decisions_come_only_at_windows_that_end_with_a_global_average():
     p = AdaptivePolicy(decide_every=8, max_period=4, probe_every=2)
     state = AdaptiveState(p)
     state.decision = state.decision._replace(period=4)
-    # Global averages: every window ends with one (the probe is the first average of a window).
+    # Group averages: only the first window and the probe windows (every probe_every-th) end with a
+    # global average.
+    assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 31]
+    # Global averages: every window ends with one.
+    state.decision = state.decision._replace(mode=GLOBAL)
     assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 23, 31]
-    # Group averages: only the probe windows (every probe_every-th) end with a global average.
-    state.decision = state.decision._replace(mode=GROUP)
-    assert [t for t in range(32) if state.is_decision_step(t)] == [15, 31]
 
 
 @pytest.mark.parametrize("size", [2, 8, 1000])
@@ -227,7 +212,7 @@ def test_the_slowest_rank_paces_and_missing_figures_keep_their_last_value():
     # A probe after group averages: the ranks arrive at different times; the last to arrive measures the cost.
     skewed = [[0.05, 0.30, 0.01, 0.0], [0.05, 0.20, 0.01, 0.0], [0.05, 0.012, 0.01, 0.0], [0.05, 0.1, 0.01, 0.0]]
     assert decide(skewed, second, p, 23).mode == GLOBAL
-    unknown = decide([[0.05, 0.01, NAN, NAN]] * 4, initial_decision(p), p, 7)
+    unknown = decide([[0.05, 0.01, NAN, NAN]] * 4, initial_decision(p)._replace(mode=GLOBAL, step=7), p, 15)
     assert unknown.mode == GLOBAL and math.isnan(unknown.gain)
 
 
@@ -265,29 +250,34 @@ def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_ave
 def test_probes_give_the_mode_not_in_use_fresh_figures():
     p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
     state = AdaptiveState(p, warmup_steps=1)
-    # Global averages: the second average of the first window is a group average, and no later one is.
-    assert [state.action(t) for t in range(10)] == ["bsp", GLOBAL, GROUP] + [GLOBAL] * 7
+    # The first window: group averages, and a global one at its end (a probe).
+    assert [state.action(t) for t in range(10)] == ["bsp"] + [GROUP] * 7 + [GLOBAL, GROUP]
+    # Global averages: no probe (the group figure is kept from the last group window).
+    state.decision = state.decision._replace(mode=GLOBAL, step=8)
     assert {state.action(t) for t in range(9, 41)} == {GLOBAL}
     # Group averages every 2 steps: the last average of a probe window is global (the last rank to arrive
     # measures the collective alone); its figures are gathered after it.
     state.decision = state.decision._replace(mode=GROUP, period=2)
     probe = [LOCAL, GROUP, LOCAL, GROUP, LOCAL, GROUP, LOCAL, GLOBAL]
-    assert [state.action(t) for t in range(1, 33)] == [LOCAL, GROUP] * 4 + probe + [LOCAL, GROUP] * 4 + probe
+    assert [state.action(t) for t in range(9, 41)] == probe + [LOCAL, GROUP] * 4 + probe + [LOCAL, GROUP] * 4
     # The global figure is a rank's fewest seconds: the collective without the wait for late ranks.
     for kind, seconds in ((GLOBAL, 0.3), (GLOBAL, 0.02), (GROUP, 0.01), (GROUP, 0.03), (GROUP, 0.02)):
         state.record(kind, seconds, 0.05)
     assert state.figures()[0, :3].tolist() == [0.05, 0.02, 0.02]
 
 
-def test_plan_follows_the_decisions_and_advances_the_schedule_once_per_group_average():
+def test_plan_follows_the_decisions_and_advances_the_schedule_once_per_average():
+    """Global averages advance the schedule too: a probe takes the place of a step of the schedule."""
     plan = SyncPlan(0, 4, schedule="butterfly", adaptive=AdaptivePolicy(decide_every=2, max_period=1).config())
-    plan.adaptive.decision = plan.adaptive.decision._replace(mode=GROUP)
+    plan.adaptive.decision = plan.adaptive.decision._replace(mode=GROUP, step=1)
     groups = []
     for step in range(2, 6):
         action = plan.action(step)
         groups.append(action.group)
         plan.adaptive.record(action.kind, 0.01)
     assert groups == [(0, 1), (0, 2), (0, 1), (0, 2)]
+    plan.adaptive.record(GLOBAL, 0.5)  # a global average: the schedule's step 4 (pairs (0, 1)) passes
+    assert plan.adaptive.schedule_step(8) == 5 and plan.action(8).group == (0, 2)
     other = SyncPlan(0, 4, schedule="butterfly", adaptive=AdaptivePolicy(decide_every=4, max_period=1).config())
     assert agreement_fields(plan)["adaptive"] != agreement_fields(other)["adaptive"]  # the ranks compare it
     restored = SyncPlan(0, 4, schedule="butterfly", adaptive=plan.adaptive.policy.config())
@@ -325,6 +315,27 @@ def test_resolve():
         AdaptivePolicy.resolve("adaptive", global_every=4)
 
 
+def test_probes_take_the_place_of_the_topology_schedule_s_bridge_steps():
+    """With 4 averages a window and the topology-aware schedule's cycle of 4 (3 steps inside the racks, then
+    a bridge), every window ends where the schedule would cross the racks: a probe replaces a bridge."""
+    from hvd_dssync.schedules import TopologyAware
+    from hvd_dssync.topology import Topology
+
+    schedule = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]))
+    state = AdaptiveState(AdaptivePolicy(decide_every=16, min_period=4, max_period=4, probe_every=2))
+    crossing = []
+    for step in range(64):
+        kind = state.action(step)
+        if kind == GROUP:
+            crossing.append(any(len({r // 4 for r in g}) > 1 for g in schedule.groups(state.schedule_step(step))))
+        elif kind == GLOBAL:
+            crossing.append("probe")
+        state.record(kind, 0.01, 0.01)
+        if state.is_window_end(step) and step == 15:
+            state.decision = state.decision._replace(mode=GROUP, step=15)
+    assert crossing == [False, False, False, "probe"] * 2 + [False, False, False, True] + [False, False, False, "probe"]
+
+
 def test_simulator_replays_a_changing_network(tmp_path):
     from hvd_dssync.__main__ import main
     from hvd_dssync.simulate import parse_rate_changes, replay_adaptive
@@ -333,11 +344,12 @@ def test_simulator_replays_a_changing_network(tmp_path):
     out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                           policy=AdaptivePolicy(decide_every=16))
     switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-    assert switches == [(88, GROUP), (255, GLOBAL)]  # t = 30 s falls at step 86, inside the window 80-95
+    # The first window's probe finds the network fast; t = 30 s falls inside the window 80-95.
+    assert switches == [(15, GLOBAL), (89, GROUP), (255, GLOBAL)]
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
     at_ends = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                               policy=AdaptivePolicy(decide_every=16, switch_early=False))
-    assert [(d["step"], d["mode"]) for d in at_ends["decisions"] if d["reason"] != "unchanged"][0] == (111, GROUP)
+    assert [(d["step"], d["mode"]) for d in at_ends["decisions"] if d["reason"] != "unchanged"][1] == (111, GROUP)
     assert out["seconds"]["adaptive"] < at_ends["seconds"]["adaptive"]
     timetable = tmp_path / "rates.json"
     timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')

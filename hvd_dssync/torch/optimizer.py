@@ -674,16 +674,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def _adapt(self, action):
         """Note this step's figures; at a decision step, decide from every rank's figures (which rode along
         in the step's global average, or else one small allgather after it: a probe, whose average's time
-        they count); at a global average inside a window that carried the last period's figures, or after
-        the first window's probe (one small allgather), perhaps switch to group averages."""
+        they count); at a global average inside a window that carried the last period's figures, perhaps
+        switch to group averages."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
         seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
         compute = math.nan if self._step_ended is None else now - self._step_ended - (seconds if seconds > 0 else 0.0)
         gathered, self._gathered_figures = self._gathered_figures, None
-        gather = functools.partial(self._gather_figures, action)
         decision = adaptive.end_step(self.sync_step, action.kind, seconds, compute, self._drift, gathered=gathered,
-                                     gather=gather, gather_recent=gather)
+                                     gather=functools.partial(self._gather_figures, action))
         if decision is not None:
             self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
                                   decision=decision.as_dict())
