@@ -15,10 +15,13 @@ collective of its own. Under group averaging one window in ``probe_every`` does 
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
 figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
-cost). The first window is a probe window under group averages: the ranks start cheap, measure both
-kinds of average, and decide at its end (on a fast network, global averages from then on). Under global
-averaging the last group figure is kept, and the policy switches when the global average's measured cost
-makes that figure worth it.
+cost). The ranks start with group averages and gather their figures at the end of the first window, with
+no global average in it: before any global average was measured, it is taken to cost what the costliest
+group average cost (a global average crosses every link that any group crosses, the slow one between
+racks included, which the topology-aware schedule's bridge steps cross), and on a fast network, where
+every group average costs alike, that says: global averages from then on. Under global averaging the
+last group figure is kept, and the policy switches when the global average's measured cost makes that
+figure worth it.
 
 The schedule advances once per average, global ones included, so that a window of ``decide_every /
 period`` averages, a multiple of the topology-aware schedule's cycle (``intra_steps + 1``), ends where
@@ -52,9 +55,10 @@ logger = logging.getLogger("hvd_dssync.adaptive")
 
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
 # (computing), the fewest seconds of a global average (its cost without waits for late ranks or one-off
-# stalls: a slow link slows every one of them), the median seconds of a group average, and the largest
-# drift seen (see AdaptiveState).
-FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift")
+# stalls: a slow link slows every one of them), the median seconds of a group average, the largest drift
+# seen (see AdaptiveState), and the most seconds of a group average (what stands in for a global
+# average's cost before one was measured: see decide).
+FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift", "costliest_group_seconds")
 
 
 def _positive(name, value, integer=True, allow_zero=False):
@@ -74,9 +78,9 @@ class AdaptivePolicy:
             of every period the policy may choose.
         max_period: the longest averaging period (``average_every``) it may choose; the shortest is the
             optimizer's ``average_every``. Periods double and halve between the two.
-        probe_every: under group averaging, the last average of the first window and of every
-            ``probe_every``-th window is global (a probe), so the global figure stays fresh and the policy
-            can decide.
+        probe_every: under group averaging, the last average of every ``probe_every``-th window is global
+            (a probe), so the global figure stays fresh and the policy can decide. The first window has
+            none: its group averages stand in for it (see :func:`decide`).
         enter_gain, leave_gain: switch to group averaging when it would make an averaging period at least
             ``enter_gain`` (a fraction) shorter than global averaging; back to global averaging when the
             gain falls below ``leave_gain`` (the gap between the two keeps the policy from flapping).
@@ -190,13 +194,13 @@ class Decision(NamedTuple):
     window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is
     what group averaging would save of a period's time, ``share`` what the chosen mode's average takes of
     it; ``global_floor`` and ``group_floor`` the least each kind of average has cost so far (the period's
-    reference).
+    reference); ``costliest_group_seconds`` the costliest group average of the window (the typical rank's).
 
     Example::
 
         >>> d = initial_decision(AdaptivePolicy())
         >>> d.mode, d.period, sorted(d.as_dict())[:3]
-        ('group', 1, ['compute_seconds', 'drift', 'gain'])
+        ('group', 1, ['compute_seconds', 'costliest_group_seconds', 'drift'])
     """
     step: int
     mode: str
@@ -211,14 +215,16 @@ class Decision(NamedTuple):
     reason: str
     global_floor: float = float("nan")
     group_floor: float = float("nan")
+    costliest_group_seconds: float = float("nan")
 
     def as_dict(self):
         return self._asdict()
 
 
 def initial_decision(policy):
-    """Before any figure: group averages at the shortest period, for the first window, a probe window (its
-    last average is global): the ranks start with the cheap average and measure both before choosing.
+    """Before any figure: group averages at the shortest period, for the first window, at whose end the
+    ranks gather their figures and decide: they start with the cheap average, and pay for a global one only
+    where it costs about what a group average does (see :func:`decide`).
 
     Example::
 
@@ -262,38 +268,54 @@ def decide(figures, previous, policy, step):
     averages the ranks drift apart in time); the last to arrive waits for nobody, so its time, the
     smallest, is the collective's own cost. A figure no rank measured keeps its previous value.
 
+    Before any global average was measured (the first window averages in groups only), a global average
+    is taken to cost what the costliest group average of the typical rank cost: it crosses every link that
+    any group crosses (a schedule that knows the racks crosses them in its bridge steps). On a fast network
+    every group average costs about alike, so the gain is small and the ranks average globally from then
+    on; behind a slow link the bridges cost several times the averages inside the racks, and the ranks keep
+    group averages until a probe measures a global one. Where a global average costs more than that, group
+    averages only gain more; where it costs less, the first probe (or a window of global averages) says so.
+
     Example::
 
         >>> p = AdaptivePolicy(decide_every=8, max_period=4)
         >>> start = initial_decision(p)
-        >>> fast = [[0.010, 0.002, 0.001, 0.0]] * 4       # compute, global, group, drift per rank
+        >>> fast = [[0.010, 0.002, 0.001, 0.0, 0.001]] * 4  # compute, global, group, drift, costliest group
         >>> decide(fast, start, p, 7).mode
         'global'
-        >>> slow = [[0.010, 0.200, 0.001, 0.0]] * 4       # a global average now takes 200 ms
+        >>> slow = [[0.010, 0.200, 0.001, 0.0, 0.001]] * 4  # a global average now takes 200 ms
         >>> d = decide(slow, start, p, 7); d.mode, d.period
         ('group', 1)
+        >>> bridged = [[0.010, float("nan"), 0.001, 0.0, 0.150]] * 4  # no global average yet; a bridge: 150 ms
+        >>> decide(bridged, start, p, 7).reason
+        'group averages save 93% of a period (a global average taken to cost the costliest group one, 0.15 s)'
     """
     figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
     compute = _largest(figures[:, 0], previous.compute_seconds)
     global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
     group_cost = _typical(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
+    costliest_group = _typical(figures[:, 4], previous.costliest_group_seconds)
     mode, period, reasons = previous.mode, previous.period, []
     gain = share = float("nan")
-    known = math.isfinite(global_cost) and math.isfinite(group_cost) and math.isfinite(compute)
+    # Before any global average was measured, the costliest group average stands in for one.
+    estimated = not math.isfinite(global_cost) and math.isfinite(costliest_group)
+    global_guess = costliest_group if estimated else global_cost
+    known = math.isfinite(global_guess) and math.isfinite(group_cost) and math.isfinite(compute)
     if known:
         # Both modes wait for the slowest rank's steps: what group averages save is the averages' cost.
-        global_period = period * compute + global_cost
+        global_period = period * compute + global_guess
         gain = (global_period - (period * compute + group_cost)) / max(global_period, 1e-12)
+        guessed = f" (a global average taken to cost the costliest group one, {global_guess:.3g} s)" if estimated else ""
         if previous.step < 0:  # the first decision: group averages only where they pay as a switch would
             mode = GROUP if gain > policy.enter_gain else GLOBAL
-            reasons.append(f"group averages save {'only ' if mode == GLOBAL else ''}{gain:.0%} of a period")
+            reasons.append(f"group averages save {'only ' if mode == GLOBAL else ''}{gain:.0%} of a period{guessed}")
         elif mode == GLOBAL and gain > policy.enter_gain:
             mode = GROUP
-            reasons.append(f"group averages save {gain:.0%} of a period")
+            reasons.append(f"group averages save {gain:.0%} of a period{guessed}")
         elif mode == GROUP and gain < policy.leave_gain:
             mode = GLOBAL
-            reasons.append(f"group averages save only {gain:.0%} of a period")
+            reasons.append(f"group averages save only {gain:.0%} of a period{guessed}")
     global_floor = _least(previous.global_floor, global_cost)
     group_floor = _least(previous.group_floor, group_cost)
     cost, floor = (global_cost, global_floor) if mode == GLOBAL else (group_cost, group_floor)
@@ -313,7 +335,7 @@ def decide(figures, previous, policy, step):
     if sync_now:
         reasons.append(f"drift {drift:.3g} above {policy.drift_bound:g}")
     return Decision(int(step), mode, int(period), bool(sync_now), compute, global_cost, group_cost, drift,
-                    gain, share, "; ".join(reasons) or "unchanged", global_floor, group_floor)
+                    gain, share, "; ".join(reasons) or "unchanged", global_floor, group_floor, costliest_group)
 
 
 def _median(values):
@@ -372,9 +394,9 @@ class AdaptiveState:
             return LOCAL
         if self.decision.mode == GLOBAL:
             return GLOBAL
-        # The first window and the last of every probe_every probe: a switch inside a window, or at its end,
-        # then averages in groups for probe_every - 1 windows at least before the next global average.
-        probe = window == 0 or (window + 1) % self.policy.probe_every == 0 or \
+        # The last window of every probe_every probes: a switch inside a window, or at its end, then averages
+        # in groups for probe_every - 1 windows at least before the next global average.
+        probe = window > 0 and (window + 1) % self.policy.probe_every == 0 or \
             self.decision.sync_now and window == self._window(self.decision.step + 1)[0]  # the window after only
         return GLOBAL if probe and at + 1 == self.policy.decide_every else GROUP
 
@@ -414,8 +436,8 @@ class AdaptiveState:
 
     def is_decision_step(self, step):
         """Whether the ranks decide at ``step``: the last step of a window, when it averages globally (so
-        the figures can ride along; see the module's text)."""
-        return self.is_window_end(step) and self.action(step) == GLOBAL
+        the figures can ride along; see the module's text), and the last step of the first window."""
+        return self.is_window_end(step) and (self.action(step) == GLOBAL or self.decision.step < 0)
 
     def rides_along(self, step):
         """Whether the figures of decision step ``step`` ride along its own global average (under global
@@ -463,9 +485,10 @@ class AdaptiveState:
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array: to ride along an average
         (:func:`encode_figures`) or for an allgather."""
-        fewest = min(self._samples[GLOBAL], default=float("nan"))
-        return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift]],
-                        dtype=np.float64)
+        nan = float("nan")
+        fewest, costliest = min(self._samples[GLOBAL], default=nan), max(self._samples[GROUP], default=nan)
+        return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift,
+                          costliest]], dtype=np.float64)
 
     def is_early_check(self, step):
         """Whether ``step``'s global average carries :meth:`recent_figures` for :meth:`switch_early`: under
@@ -480,7 +503,7 @@ class AdaptiveState:
         group figure nor drift (a window of global averages has none: the decision keeps its own)."""
         compute = self._samples["compute"][-self.decision.period:]
         nan = float("nan")
-        return np.array([[min(compute, default=nan), self._last_global, nan, nan]], dtype=np.float64)
+        return np.array([[min(compute, default=nan), self._last_global, nan, nan, nan]], dtype=np.float64)
 
     def switch_early(self, step, gathered):
         """Switch to group averages from every rank's ``gathered`` :meth:`recent_figures` when :func:`decide`
@@ -521,7 +544,7 @@ class AdaptiveState:
         return {"decision": self.decision.as_dict(), "averages": self.averages}
 
     _NUMBERS = ("step", "period", "sync_now", "compute_seconds", "global_seconds", "group_seconds", "drift", "gain",
-                "share", "global_floor", "group_floor")
+                "share", "global_floor", "group_floor", "costliest_group_seconds")
 
     def vector(self):
         """:meth:`state` as float64 numbers, for one small broadcast with the step (the reason's words stay)."""
@@ -572,9 +595,9 @@ def encode_figures(figures, rank, size):
 
     Example::
 
-        >>> v = sum(encode_figures([[0.01, 0.2, float("nan"), 0.003]], r, 2) for r in range(2)) / 2
+        >>> v = sum(encode_figures([[0.01, 0.2, float("nan"), 0.003, 0.05]], r, 2) for r in range(2)) / 2
         >>> decode_figures(v, 2, averaged=True)[1].tolist()
-        [0.01, 0.2, nan, 0.003]
+        [0.01, 0.2, nan, 0.003, 0.05]
     """
     row = np.asarray(figures, dtype=np.float64).reshape(len(FIGURES))
     units = np.where(np.isfinite(row), np.minimum(np.round(np.nan_to_num(row) / _UNIT), _CAP), -1.0)
@@ -589,8 +612,8 @@ def decode_figures(vector, size, averaged=False):
 
     Example::
 
-        >>> decode_figures(encode_figures([[0.5, float("nan"), 0.25, 0.0]], 0, 1), 1).tolist()
-        [[0.5, nan, 0.25, 0.0]]
+        >>> decode_figures(encode_figures([[0.5, float("nan"), 0.25, 0.0, 0.25]], 0, 1), 1).tolist()
+        [[0.5, nan, 0.25, 0.0, 0.25]]
     """
     units = np.round(np.asarray(vector, dtype=np.float64).reshape(size, len(FIGURES)) * (size if averaged else 1))
     return np.where(units < 0, np.nan, units * _UNIT)

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dssync.adaptive import (AdaptivePolicy, AdaptiveState, decide, decode_figures, drift_of, encode_figures,
-                                 initial_decision)
+from hvd_dssync.adaptive import (FIGURES, AdaptivePolicy, AdaptiveState, decide, decode_figures, drift_of,
+                                 encode_figures, initial_decision)
 from hvd_dssync.plan import SyncPlan, agreement_fields
 from hvd_dssync.policy import GLOBAL, GROUP, LOCAL
 
@@ -15,8 +15,9 @@ from multirank import run
 NAN = float("nan")
 
 
-def rows(compute, global_seconds, group_seconds, drift=0.0, ranks=4):
-    return [[compute, global_seconds, group_seconds, drift]] * ranks
+def rows(compute, global_seconds, group_seconds, drift=0.0, ranks=4, costliest_group=None):
+    costliest_group = group_seconds if costliest_group is None else costliest_group
+    return [[compute, global_seconds, group_seconds, drift, costliest_group]] * ranks
 
 
 def play(policy, timeline, start=None):
@@ -39,9 +40,9 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
     """Under group averages a straggler's partners wait for it, their next partners for them, and so on:
     the slowest rank paces both modes, and group averages save only what the averages cost."""
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=8)
-    even = [[0.010, 0.02, 0.015, 0.0]] * 8
-    straggler = even[:7] + [[0.260, 0.02, 0.015, 0.0]]  # one rank computes 26x slower
-    slow_link = [[0.260, 1.0, 0.015, 0.0]] + [[0.010, 1.0, 0.015, 0.0]] * 7  # and global averages 50x slower
+    even = [[0.010, 0.02, 0.015, 0.0, 0.015]] * 8
+    straggler = even[:7] + [[0.260, 0.02, 0.015, 0.0, 0.015]]  # one rank computes 26x slower
+    slow_link = [[0.260, 1.0, 0.015, 0.0, 0.015]] + [[0.010, 1.0, 0.015, 0.0, 0.015]] * 7  # and global ones 50x slower
     decisions, decision = [], initial_decision(p)
     for figures in (even, straggler, straggler, slow_link, even):
         decision = decide(figures, decision, p, 15)
@@ -54,13 +55,15 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
 def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
     """Play ``steps`` on ``ranks`` states as the adapters do (:meth:`AdaptiveState.end_step`), the figures
     riding along every average that carries them, else gathered after the step; returns the decisions
-    (step, mode) of rank 0 and checks that every rank took the same."""
+    (step, mode) of rank 0 and checks that every rank took the same. ``group_seconds``: a number, or a
+    function of the step."""
+    group_seconds_of = group_seconds if callable(group_seconds) else lambda step: group_seconds
     states = [AdaptiveState(policy) for _ in range(ranks)]
     taken = []
     for step in range(steps):
         kind = states[0].action(step)
         assert {s.action(step) for s in states} == {kind}
-        seconds = {GLOBAL: global_seconds_of(step), GROUP: group_seconds}.get(kind, NAN)
+        seconds = {GLOBAL: global_seconds_of(step), GROUP: group_seconds_of(step)}.get(kind, NAN)
         carried = [s.carried_figures(step) for s in states]
         assert len({c is None for c in carried}) == 1
         gathered = None
@@ -102,16 +105,24 @@ def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
     assert {mode for _, mode in run_ranks(early, 48, straggler, lambda step: 0.02)} == {GLOBAL}
 
 
-def test_the_first_window_averages_in_groups_and_probes_at_its_end():
-    """The ranks start with group averages and end the first window with a global one (a probe): on a link
-    slow from the start they keep group averages, on a fast one they average globally from then on."""
+def test_the_first_window_averages_in_groups_and_its_costliest_group_average_stands_in_for_a_global_one():
+    """The ranks start with group averages, with no global one in the first window: at its end they gather
+    their figures and take a global average to cost what the costliest group average cost. Behind a slow
+    link between the racks (the schedule's bridge, the 4th average, costs 0.5 s) they keep group averages
+    until the first probe; on a fast network (every average alike) they average globally from then on."""
     even = lambda step, rank: 0.01  # noqa: E731
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GROUP, GROUP, GROUP, GLOBAL]
-    assert run_ranks(p, 32, even, lambda step: 0.5) == [(15, GROUP)]
-    assert run_ranks(p, 32, even, lambda step: 0.012) == [(15, GLOBAL), (31, GLOBAL)]
+    assert [AdaptiveState(p).action(t) for t in (3, 7, 11, 15)] == [GROUP] * 4
+    bridged = lambda step: 0.5 if step % 16 == 15 else 0.01  # noqa: E731
+    assert run_ranks(p, 64, even, lambda step: 0.6, group_seconds=bridged) == [(15, GROUP), (63, GROUP)]
+    assert run_ranks(p, 32, even, lambda step: 0.012, group_seconds=0.012) == [(15, GLOBAL), (31, GLOBAL)]
+    first = decide(rows(0.01, NAN, 0.01, costliest_group=0.5), initial_decision(p), p, 15)
+    assert math.isnan(first.global_seconds) and first.costliest_group_seconds == 0.5, first
+    assert "taken to cost the costliest group one" in first.reason
+    # A probe that finds a global average cheaper than the estimate goes back to global averages.
+    assert decide(rows(0.01, 0.012, 0.01), first, p, 63).mode == GLOBAL
     # Between the two gains the first decision goes as a switch from global averages would: global.
-    middle = decide(rows(0.01, 0.08, 0.065), initial_decision(p), p, 15)
+    middle = decide(rows(0.01, NAN, 0.065, costliest_group=0.08), initial_decision(p), p, 15)
     assert middle.mode == GLOBAL and 0.1 < middle.gain < 0.3, middle
 
 
@@ -176,9 +187,11 @@ def test_decisions_come_only_at_windows_that_end_with_a_global_average():
     p = AdaptivePolicy(decide_every=8, max_period=4, probe_every=2)
     state = AdaptiveState(p)
     state.decision = state.decision._replace(period=4)
-    # Group averages: only the first window and the probe windows (every probe_every-th) end with a
-    # global average.
-    assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 31]
+    # Group averages: the ranks decide at the first window's end (their figures gathered) and at the probe
+    # windows' (every probe_every-th), which end with a global average.
+    assert state.is_decision_step(7)
+    state.decision = state.decision._replace(step=7)  # what the ranks decided there
+    assert [t for t in range(8, 32) if state.is_decision_step(t)] == [15, 31]
     # Global averages: every window ends with one.
     state.decision = state.decision._replace(mode=GLOBAL)
     assert [t for t in range(32) if state.is_decision_step(t)] == [7, 15, 23, 31]
@@ -189,8 +202,8 @@ def test_figures_ride_along_an_average_and_every_rank_reads_the_same(size):
     import torch
 
     rng = np.random.default_rng(size)
-    figures = rng.uniform(0, 3, (size, 4))
-    figures[rng.random((size, 4)) < 0.2] = NAN
+    figures = rng.uniform(0, 3, (size, len(FIGURES)))
+    figures[rng.random((size, len(FIGURES))) < 0.2] = NAN
     slots = [torch.from_numpy(encode_figures(figures[r], r, size)).float() for r in range(size)]
     # Summed in two different orders, as two ranks' collectives might, then averaged: the same bits.
     forward = torch.stack(slots).sum(0) / size
@@ -204,15 +217,16 @@ def test_figures_ride_along_an_average_and_every_rank_reads_the_same(size):
 def test_the_slowest_rank_paces_and_missing_figures_keep_their_last_value():
     p = AdaptivePolicy(decide_every=8, max_period=1)
     # Rank 1 slow inside the global average: every rank waits for it, the rank arriving last included.
-    figures = [[0.05, 0.51, NAN, 0.0], [0.05, 0.50, NAN, 0.0], [0.08, 0.52, 0.01, 0.0], [0.05, 0.53, NAN, 0.0]]
+    figures = [[0.05, 0.51, NAN, 0.0, NAN], [0.05, 0.50, NAN, 0.0, NAN], [0.08, 0.52, 0.01, 0.0, 0.01],
+               [0.05, 0.53, NAN, 0.0, NAN]]
     first = decide(figures, initial_decision(p), p, 7)
     assert (first.mode, first.global_seconds, first.group_seconds, first.compute_seconds) == (GROUP, 0.5, 0.01, 0.08)
-    second = decide([[0.05, NAN, 0.012, NAN]] * 4, first, p, 15)  # no global average measured this window
+    second = decide([[0.05, NAN, 0.012, NAN, 0.02]] * 4, first, p, 15)  # no global average measured this window
     assert (second.mode, second.global_seconds) == (GROUP, 0.5)
     # A probe after group averages: the ranks arrive at different times; the last to arrive measures the cost.
-    skewed = [[0.05, 0.30, 0.01, 0.0], [0.05, 0.20, 0.01, 0.0], [0.05, 0.012, 0.01, 0.0], [0.05, 0.1, 0.01, 0.0]]
+    skewed = [[0.05, g, 0.01, 0.0, 0.01] for g in (0.30, 0.20, 0.012, 0.1)]
     assert decide(skewed, second, p, 23).mode == GLOBAL
-    unknown = decide([[0.05, 0.01, NAN, NAN]] * 4, initial_decision(p)._replace(mode=GLOBAL, step=7), p, 15)
+    unknown = decide([[0.05, 0.01, NAN, NAN, NAN]] * 4, initial_decision(p)._replace(mode=GLOBAL, step=7), p, 15)
     assert unknown.mode == GLOBAL and math.isnan(unknown.gain)
 
 
@@ -221,16 +235,16 @@ def test_drift_above_the_bound_ends_the_next_window_with_a_global_average():
     brings the next probe forward instead, to the end of the next window."""
     p = AdaptivePolicy(decide_every=4, max_period=1, drift_bound=0.01, probe_every=100)
     state = AdaptiveState(p)
-    state.decision = initial_decision(p)._replace(mode=GROUP)
-    for step in range(4):
+    state.decision = initial_decision(p)._replace(mode=GROUP, step=3, global_seconds=0.5)
+    for step in range(4, 8):
         kind = state.action(step)
-        state.record(kind, 0.5 if kind == GLOBAL else 0.01, 0.05, drift=0.02 if step == 2 else 0.001)
-    decision = state.conclude(3, np.concatenate([state.figures()] * 2))
+        state.record(kind, 0.5 if kind == GLOBAL else 0.01, 0.05, drift=0.02 if step == 6 else 0.001)
+    decision = state.conclude(7, np.concatenate([state.figures()] * 2))
     assert decision.sync_now and "drift" in decision.reason
-    assert [state.action(t) for t in range(4, 8)] == [GROUP, GROUP, GROUP, GLOBAL]
-    assert state.is_decision_step(7) and not state.rides_along(7)  # a probe: figures gathered after it
+    assert [state.action(t) for t in range(8, 12)] == [GROUP, GROUP, GROUP, GLOBAL]
+    assert state.is_decision_step(11) and not state.rides_along(11)  # a probe: figures gathered after it
     # The windows after that one, until the next decision (probe_every is large), average in groups.
-    assert [state.action(t) for t in range(8, 16)] == [GROUP] * 8
+    assert [state.action(t) for t in range(12, 20)] == [GROUP] * 8
 
 
 def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_averages_back():
@@ -239,9 +253,9 @@ def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_ave
     group averages, no cheaper than a global one here, save nothing."""
     p = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
     grouped = initial_decision(p)._replace(mode=GROUP, global_seconds=0.07, group_seconds=0.08)
-    fast = [0.01, 0.07, 0.08, 0.0]
-    partners = [0.01, 0.07, 1.0, 0.0]  # waited about 4 x 0.25 s for the straggler in each group average
-    straggler = [0.25, 0.07, 0.08, 0.0]
+    fast = [0.01, 0.07, 0.08, 0.0, 0.08]
+    partners = [0.01, 0.07, 1.0, 0.0, 1.0]  # waited about 4 x 0.25 s for the straggler in each group average
+    straggler = [0.25, 0.07, 0.08, 0.0, 0.08]
     figures = [fast] * 4 + [partners] * 3 + [straggler]
     decision = decide(figures, grouped, p, 15)
     assert decision.mode == GLOBAL and decision.group_seconds == 0.08 and decision.compute_seconds == 0.25, decision
@@ -250,8 +264,9 @@ def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_ave
 def test_probes_give_the_mode_not_in_use_fresh_figures():
     p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
     state = AdaptiveState(p, warmup_steps=1)
-    # The first window: group averages, and a global one at its end (a probe).
-    assert [state.action(t) for t in range(10)] == ["bsp"] + [GROUP] * 7 + [GLOBAL, GROUP]
+    # The first window: group averages only (the ranks gather their figures at its end).
+    assert [state.action(t) for t in range(10)] == ["bsp"] + [GROUP] * 9
+    assert state.is_decision_step(8) and not state.rides_along(8)
     # Global averages: no probe (the group figure is kept from the last group window).
     state.decision = state.decision._replace(mode=GLOBAL, step=8)
     assert {state.action(t) for t in range(9, 41)} == {GLOBAL}
@@ -333,7 +348,7 @@ def test_probes_take_the_place_of_the_topology_schedule_s_bridge_steps():
         state.record(kind, 0.01, 0.01)
         if state.is_window_end(step) and step == 15:
             state.decision = state.decision._replace(mode=GROUP, step=15)
-    assert crossing == [False, False, False, "probe"] * 2 + [False, False, False, True] + [False, False, False, "probe"]
+    assert crossing == [False, False, False, True, False, False, False, "probe"] * 2
 
 
 def test_simulator_replays_a_changing_network(tmp_path):
