@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -149,10 +150,13 @@ def _run_adaptive(args, parser):
           f"NICs {args.intra_rack_gbps:g} Gb/s, then {args.rate_change or 'unchanged'}.\n")
     print("| step | t (s) | mode | average every | global ms | group ms | why |")
     print("|--:|--:|:--|--:|--:|--:|:--|")
+    def ms(seconds):  # not measured yet: -
+        return "-" if math.isnan(seconds) else f"{seconds * 1e3:.4g}"
+
     for d in out["decisions"]:
         if d["reason"] != "unchanged" or d is out["decisions"][0]:
-            print(f"| {d['step']} | {d['t']:.1f} | {d['mode']} | {d['period']} | {d['global_seconds'] * 1e3:.4g} | "
-                  f"{d['group_seconds'] * 1e3:.4g} | {d['reason']} |")
+            print(f"| {d['step']} | {d['t']:.1f} | {d['mode']} | {d['period']} | {ms(d['global_seconds'])} | "
+                  f"{ms(d['group_seconds'])} | {d['reason']} |")
     print("\n" + ", ".join(f"{k}: {v:.1f} s" for k, v in out["seconds"].items()) + f" for {args.steps} steps")
     if args.json:
         _write_json(args.json, out)
