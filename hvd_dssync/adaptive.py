@@ -194,7 +194,7 @@ class Decision(NamedTuple):
     window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is
     what group averaging would save of a period's time, ``share`` what the chosen mode's average takes of
     it; ``global_floor`` and ``group_floor`` the least each kind of average has cost so far (the period's
-    reference); ``costliest_group_seconds`` each rank's costliest group average of the window, the least
+    reference); ``costliest_group_seconds`` each rank's costliest group average of the window, the median
     over the ranks.
 
     Example::
@@ -271,9 +271,10 @@ def decide(figures, previous, policy, step):
 
     Before any global average was measured (the first window averages in groups only), a global average
     is taken to cost what the costliest group average cost: it crosses every link that any group crosses (a
-    schedule that knows the racks crosses them in its bridge steps). Each rank's costliest includes what it
-    waited there for its partners, so the least over the ranks counts (as for a global average, whose last
-    rank to arrive waits for nobody). On a fast network every group average costs about alike, so the gain
+    schedule that knows the racks crosses them in its bridge steps), the typical rank's: a bridge may join
+    only two ranks across the racks, but while they cross, Horovod's cycles, which negotiate every process
+    set in turn, hold the others' averages as well, so most ranks see it (and the least over the ranks
+    would be a rank that did not). On a fast network every group average costs about alike, so the gain
     is small and the ranks average globally from then on; behind a slow link the bridges cost several times
     the averages inside the racks, and the ranks keep group averages until a probe measures a global one. Where a global average costs more than that, group
     averages only gain more; where it costs less, the first probe (or a window of global averages) says so.
@@ -297,7 +298,7 @@ def decide(figures, previous, policy, step):
     global_cost = _largest(figures[:, 1], previous.global_seconds, smallest=True)
     group_cost = _typical(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
-    costliest_group = _largest(figures[:, 4], previous.costliest_group_seconds, smallest=True)
+    costliest_group = _typical(figures[:, 4], previous.costliest_group_seconds)
     mode, period, reasons = previous.mode, previous.period, []
     gain = share = float("nan")
     # Before any global average was measured, the costliest group average stands in for one.
