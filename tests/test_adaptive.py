@@ -121,6 +121,11 @@ def test_the_first_window_averages_in_groups_and_its_costliest_group_average_sta
     assert "taken to cost the costliest group one" in first.reason
     # A probe that finds a global average cheaper than the estimate goes back to global averages.
     assert decide(rows(0.01, 0.012, 0.01), first, p, 63).mode == GLOBAL
+    # On a fast network the costliest group average is the typical one plus noise and waits: below
+    # raise_ratio (2x) times it, the estimate shows no slow link, whatever it would save.
+    noisy = decide(rows(0.001, NAN, 0.1, costliest_group=0.16), initial_decision(p), p, 15)
+    assert noisy.mode == GLOBAL and noisy.gain > p.enter_gain and "no slow link seen" in noisy.reason, noisy
+    assert decide(rows(0.001, NAN, 0.1, costliest_group=0.2), initial_decision(p), p, 15).mode == GROUP
     # Between the two gains the first decision goes as a switch from global averages would: global.
     middle = decide(rows(0.01, NAN, 0.065, costliest_group=0.08), initial_decision(p), p, 15)
     assert middle.mode == GLOBAL and 0.1 < middle.gain < 0.3, middle
