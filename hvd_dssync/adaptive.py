@@ -221,6 +221,11 @@ class Decision(NamedTuple):
     def as_dict(self):
         return self._asdict()
 
+    @property
+    def is_start(self):
+        """Whether this is :func:`initial_decision`'s, taken before any figure (the first window's)."""
+        return self.step < 0
+
 
 def initial_decision(policy):
     """Before any figure: group averages at the shortest period, for the first window, at whose end the
@@ -317,7 +322,7 @@ def decide(figures, previous, policy, step):
         # An estimate shows a slow link only where the costliest group average stands apart from the typical
         # one as a real change of cost does for the period (raise_ratio): a fast network's is noise and waits.
         apart = not estimated or global_guess >= policy.raise_ratio * group_cost
-        if previous.step < 0:  # the first decision: group averages only where they pay as a switch would
+        if previous.is_start:  # the first decision: group averages only where they pay as a switch would
             mode = GROUP if gain > policy.enter_gain and apart else GLOBAL
             if gain > policy.enter_gain and not apart:
                 reasons.append(f"the costliest group average, {global_guess:.3g} s, costs only "
@@ -451,7 +456,7 @@ class AdaptiveState:
     def is_decision_step(self, step):
         """Whether the ranks decide at ``step``: the last step of a window, when it averages globally (so
         the figures can ride along; see the module's text), and the last step of the first window."""
-        return self.is_window_end(step) and (self.action(step) == GLOBAL or self.decision.step < 0)
+        return self.is_window_end(step) and (self.action(step) == GLOBAL or self.decision.is_start)
 
     def rides_along(self, step):
         """Whether the figures of decision step ``step`` ride along its own global average (under global

@@ -674,7 +674,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def _adapt(self, action):
         """Note this step's figures; at a decision step, decide from every rank's figures (which rode along
         in the step's global average, or else one small allgather after it: a probe, whose average's time
-        they count); at a global average inside a window that carried the last period's figures, perhaps
+        they count, or the first window's end); at a global average inside a window that carried the last period's figures, perhaps
         switch to group averages."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
