@@ -52,17 +52,27 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
     assert decisions[3].gain > 0.3
 
 
-def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4):
-    """Play ``steps`` on ``ranks`` states as the adapters do (:meth:`AdaptiveState.end_step`), the figures
-    riding along every average that carries them, else gathered after the step; returns the decisions
-    (step, mode) of rank 0 and checks that every rank took the same. ``group_seconds``: a number, or a
-    function of the step."""
+def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4, kinds=None):
+    """Play ``steps`` on ``ranks`` states as the PyTorch adapter does (:meth:`AdaptiveState.end_step`), the
+    figures riding along every average that carries them, else gathered after the step, and the figures
+    sent after a step read before the next average (:meth:`AdaptiveState.check_early`); returns the
+    decisions (step, mode) of rank 0 and checks that every rank took the same. ``group_seconds``: a
+    number, or a function of the step. ``kinds``: a list to append each step's kind to."""
     group_seconds_of = group_seconds if callable(group_seconds) else lambda step: group_seconds
     states = [AdaptiveState(policy) for _ in range(ranks)]
-    taken = []
+    taken, sent = [], None
     for step in range(steps):
+        if sent is not None and states[0].action(step) in (GLOBAL, GROUP):  # summed, as the allreduce does
+            early = [s.check_early(step, decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(sent)),
+                                                        ranks)) for s in states]
+            assert len({None if d is None else (d.mode, d.period) for d in early}) == 1, early
+            if early[0] is not None:
+                taken.append((step, early[0].mode))
+            sent = None
         kind = states[0].action(step)
         assert {s.action(step) for s in states} == {kind}
+        if kinds is not None:
+            kinds.append(kind)
         seconds = {GLOBAL: global_seconds_of(step), GROUP: group_seconds_of(step)}.get(kind, NAN)
         carried = [s.carried_figures(step) for s in states]
         assert len({c is None for c in carried}) == 1
@@ -80,6 +90,9 @@ def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, 
         assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
         if made[0] is not None:
             taken.append((step, made[0].mode))
+        after = [s.figures_sent_after(step) for s in states]
+        assert len({a is None for a in after}) == 1
+        sent = None if after[0] is None else after
     return taken
 
 
@@ -93,12 +106,13 @@ def _figures_after(states, kind, seconds, computes):
 
 def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
     """Global averages 10x slower from step 17 on: the window of steps 16-31 would decide at step 31; the
-    slow average of step 19 rides along the global average of step 23 and switches there already. A
-    straggler from step 20 on switches nothing: it paces group averages as well."""
+    figures of the slow average of step 19, sent right after it, switch step 23's average to a group one
+    already. A straggler from step 20 on switches nothing: it paces group averages as well."""
     even = lambda step, rank: 0.01  # noqa: E731
     slowed = lambda step: 0.2 if step >= 17 else 0.02  # noqa: E731
-    early = AdaptivePolicy(decide_every=16, min_period=4, max_period=4)
-    assert run_ranks(early, 32, even, slowed)[1:] == [(23, GROUP)]
+    early, kinds = AdaptivePolicy(decide_every=16, min_period=4, max_period=4), []
+    assert run_ranks(early, 32, even, slowed, kinds=kinds)[1:] == [(23, GROUP)]
+    assert [kinds[step] for step in (19, 23, 27)] == [GLOBAL, GROUP, GROUP]  # one slow global average only
     late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
     assert run_ranks(late, 32, even, slowed)[1:] == [(31, GROUP)]
     straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
