@@ -403,6 +403,7 @@ class AdaptiveState:
         self.averages = 0  # the averages so far, after warm-up: the schedule's step
         self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
         self._early_says_group = False  # the last early check's figures said: group averages
+        self._averaged_at = None  # the last step end_step recorded an average at
         self._start_window()
 
     def _start_window(self):
@@ -487,9 +488,11 @@ class AdaptiveState:
 
     def figures_sent_after(self, step):
         """This rank's :meth:`recent_figures`, to send to every rank right after step ``step`` (once
-        :meth:`end_step` recorded it) when the next average is an early check (:meth:`is_early_check`),
-        else ``None``. Every rank reads every rank's (:func:`encode_figures`, summed) before that average,
-        in :meth:`check_early`."""
+        :meth:`end_step` recorded it) when that step averaged and the next average is an early check
+        (:meth:`is_early_check`), else ``None``. Every rank reads every rank's (:func:`encode_figures`,
+        summed) before that average, in :meth:`check_early`; so at most one sending is in flight."""
+        if self._averaged_at != step:
+            return None
         upcoming = self.next_average(step)
         return None if upcoming is None or not self.is_early_check(upcoming) else self.recent_figures()
 
@@ -506,6 +509,8 @@ class AdaptiveState:
         :meth:`figures` (a collective: every rank calls it at the same decision step).
         """
         decided = self.is_decision_step(step)
+        if kind in (GLOBAL, GROUP):
+            self._averaged_at = step
         if gathered is None or not decided:
             self.record(kind, seconds, compute_seconds, drift)
             if not decided:
