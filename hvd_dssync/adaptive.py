@@ -29,12 +29,14 @@ the schedule crosses the racks: a probe takes the place of a bridge step, which 
 anyway, and costs only what a global average costs more than a bridge.
 
 A window counted in steps lasts long when steps become slow (a slowed link makes every global average
-slow), so under global averaging each rank also sends the figures of its last period right after every
-global average that the next one, inside the window, is to check (``switch_early``: one small allreduce
-of its own, in flight while the next local steps compute), and the ranks read them just before that next
-average and switch to group averages at that very average when those figures say so twice in a row, or
-once by far (:meth:`AdaptiveState.check_early`): a slowed link costs one slow global average, the one that
-measured it. Everything else waits for the window's end. The PyTorch adapter does this; the Keras
+slow), so under global averaging every global average inside a window is an *early check*
+(``switch_early``): the figures of the last period reach every rank there, and the ranks switch to group
+averages when they say so twice in a row, or once by far (:meth:`AdaptiveState.check_early`). By default
+they ride along that global average (no collective of the policy's own) and the switch takes effect after
+it: a slowed link costs two slow global averages, the one that measured it and the one that carried its
+figures. With ``switch_early="exchange"`` the ranks exchange them just before it, in one small allreduce
+of their own, and switch that very average: one slow global average, for a small collective before every
+global average inside a window (on the bench's two cores for eight ranks, 25-30 ms each). Everything else waits for the window's end. The PyTorch adapter does this; the Keras
 adapter, whose traced steps follow a table made for the whole window, decides at windows' ends only.
 
 The period follows the cost of an average as it moves: it doubles when the chosen mode's average costs
@@ -93,11 +95,13 @@ class AdaptivePolicy:
             (``|x_i - mean| / |mean|``, measured by the averages themselves) exceeds it, the next window
             ends with a global average (a probe), without waiting for the ``probe_every``-th. ``None``: never.
         switch_early: under global averaging, also switch to group averages at a global average inside a
-            window, just before it, from the figures of the period before (the least compute time of its
-            steps, the last global average's time, sent right after that average), when they say so at two
-            such averages in a row, or at one when group averages would save at least halfway from
-            ``enter_gain`` to all of a period; so a slowed link is answered at the next average, not at the
-            window's end (PyTorch; the Keras adapter decides at windows' ends only).
+            window, from the figures of the period before it (the least compute time of its steps, the last
+            global average's time), when they say so at two such averages in a row, or at one when group
+            averages would save at least halfway from ``enter_gain`` to all of a period; so a slowed link is
+            answered within periods, not at the window's end (PyTorch; the Keras adapter decides at windows'
+            ends only). ``True``: the figures ride along that average, and the switch follows it;
+            ``"exchange"``: the ranks exchange them just before it in a small allreduce, and the switch
+            makes that very average a group one; ``False``: decide at windows' ends only.
 
     Example::
 
@@ -132,8 +136,8 @@ class AdaptivePolicy:
         self.enter_gain, self.leave_gain = float(enter_gain), float(leave_gain)
         self.raise_ratio, self.lower_ratio = float(raise_ratio), float(lower_ratio)
         self.drift_bound = None if drift_bound is None else float(_positive("drift_bound", drift_bound, integer=False))
-        if not isinstance(switch_early, bool):
-            raise ValueError(f"Arg ``switch_early`` must be True or False, got {switch_early!r}.")
+        if not (isinstance(switch_early, bool) or switch_early == "exchange"):
+            raise ValueError(f"Arg ``switch_early`` must be True, False or 'exchange', got {switch_early!r}.")
         self.switch_early = switch_early
         periods = self.periods()
         if any(decide_every % p for p in periods):
@@ -368,18 +372,20 @@ class AdaptiveState:
     step's average where it returns some, and end the step with :meth:`end_step`, which records it and
     takes what it decides; the order of the two (a probe's own time counts in the figures gathered after
     it, an average that carried the figures belongs to no window) is kept there, once for every adapter.
-    An adapter that switches inside a window (PyTorch) also sends :meth:`figures_sent_after` a step, in a
-    small collective of their own, and hands what it returns to :meth:`check_early` before the next
-    average's :meth:`action`.
+    With ``switch_early="exchange"`` an adapter that switches inside a window (PyTorch) also exchanges
+    :meth:`early_figures`, where a step has some, in a small collective of their own before the step's
+    :meth:`action`, and hands every rank's to :meth:`check_early`.
 
-    Example (four ranks in one process; global averages fast, then slow from step 6)::
+    Example (four ranks in one process; global averages fast, then slow from step 6; figures exchanged
+    before an early check's average)::
 
-        >>> p = AdaptivePolicy(decide_every=4, max_period=1)
+        >>> p = AdaptivePolicy(decide_every=4, max_period=1, switch_early="exchange")
         >>> states = [AdaptiveState(p) for _ in range(4)]
-        >>> decisions, sent = [], None
+        >>> decisions = []
         >>> for step in range(12):
-        ...     if sent is not None:  # what every rank sent after the last average, read before this one
-        ...         decisions += [d for d in (s.check_early(step, sent) for s in states) if d is not None]
+        ...     early = [s.early_figures(step) for s in states]  # one small allreduce, where there are some
+        ...     if early[0] is not None:
+        ...         decisions += [d for d in (s.check_early(step, np.concatenate(early)) for s in states) if d]
         ...     kind = states[0].action(step)
         ...     carried = [s.carried_figures(step) for s in states]
         ...     gathered = None if carried[0] is None else np.concatenate(carried)  # what the average carried
@@ -388,8 +394,6 @@ class AdaptiveState:
         ...                        gather=lambda figures: np.concatenate([figures] * 4))  # the ranks' are alike
         ...             for s in states]
         ...     decisions += [d for d in made if d is not None]
-        ...     after = [s.figures_sent_after(step) for s in states]  # one small allreduce of their own
-        ...     sent = None if after[0] is None else np.concatenate(after)
         >>> sorted({(d.step, d.mode, d.period) for d in decisions})  # the same on every rank
         [(3, 'global', 1), (7, 'global', 1), (8, 'group', 1)]
         >>> states[0].action(8)  # the slow average of step 7 switched step 8's already
@@ -403,7 +407,6 @@ class AdaptiveState:
         self.averages = 0  # the averages so far, after warm-up: the schedule's step
         self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
         self._early_says_group = False  # the last early check's figures said: group averages
-        self._averaged_at = None  # the last step end_step recorded an average at
         self._start_window()
 
     def _start_window(self):
@@ -477,41 +480,38 @@ class AdaptiveState:
 
     def carried_figures(self, step):
         """The figures that ``step``'s average carries to every rank (:func:`encode_figures`), or ``None``:
-        the window's :meth:`figures` at a decision step under global averaging (:meth:`rides_along`)."""
-        return self.figures() if self.rides_along(step) else None
+        the window's :meth:`figures` at a decision step under global averaging (:meth:`rides_along`), the
+        last period's :meth:`recent_figures` at an early check (:meth:`is_early_check`) whose figures ride
+        along (``switch_early=True``)."""
+        if self.rides_along(step):
+            return self.figures()
+        if self.policy.switch_early is True and self.is_early_check(step):
+            return self.recent_figures()
+        return None
 
-    def next_average(self, step):
-        """The first step after ``step`` that averages under the decision in force (``None``: none within a
-        window's length, as after a window of local steps only)."""
-        return next((s for s in range(step + 1, step + 1 + self.policy.decide_every)
-                     if self.action(s) in (GLOBAL, GROUP)), None)
-
-    def figures_sent_after(self, step):
-        """This rank's :meth:`recent_figures`, to send to every rank right after step ``step`` (once
-        :meth:`end_step` recorded it) when that step averaged and the next average is an early check
-        (:meth:`is_early_check`), else ``None``. Every rank reads every rank's (:func:`encode_figures`,
-        summed) before that average, in :meth:`check_early`; so at most one sending is in flight."""
-        if self._averaged_at != step:
-            return None
-        upcoming = self.next_average(step)
-        return None if upcoming is None or not self.is_early_check(upcoming) else self.recent_figures()
+    def early_figures(self, step):
+        """With ``switch_early="exchange"``: this rank's :meth:`recent_figures` to exchange with every rank
+        before step ``step``'s :meth:`action` when it is an early check (:meth:`is_early_check`), else
+        ``None``; every rank's go to :meth:`check_early`."""
+        exchange = self.policy.switch_early == "exchange"
+        return self.recent_figures() if exchange and self.is_early_check(step) else None
 
     def end_step(self, step, kind, seconds, compute_seconds=float("nan"), drift=float("nan"), gathered=None,
                  gather=None):
         """Record step ``step`` (as :meth:`record`) and take what it decides; returns the :class:`Decision`
-        of a decision step (whether or not mode and period change), else ``None``.
+        of a decision step (whether or not mode and period change), the new one where an early check
+        switches, else ``None``.
 
         ``gathered``: every rank's :meth:`carried_figures` (concatenated rows), where the step's average
         carried them. At a decision step they decide (:meth:`conclude`) and the step's seconds, measured
-        after the figures left, belong to no window. Without them a decision step (a probe under group
-        averaging, or an average that could not carry them) is recorded first, its average's seconds being
-        the freshest measurement, and ``gather(figures)`` returns every rank's figures from this rank's
-        :meth:`figures` (a collective: every rank calls it at the same decision step).
+        after the figures left, belong to no window; at an early check they may switch
+        (:meth:`check_early`). Without them a decision step (a probe under group averaging, or an
+        average that could not carry them) is recorded first, its average's seconds being the freshest
+        measurement, and ``gather(figures)`` returns every rank's figures from this rank's :meth:`figures`
+        (a collective: every rank calls it at the same decision step).
         """
         decided = self.is_decision_step(step)
-        if kind in (GLOBAL, GROUP):
-            self._averaged_at = step
-        if gathered is None or not decided:
+        if gathered is None or not (decided or self.is_early_check(step)):
             self.record(kind, seconds, compute_seconds, drift)
             if not decided:
                 return None
@@ -519,8 +519,8 @@ class AdaptiveState:
                 raise ValueError(f"step {step} is a decision step: end_step needs the figures that rode along "
                                  "its average (gathered) or a way to gather them (gather)")
             return self.conclude(step, np.asarray(gather(self.figures()), dtype=np.float64))
-        decision = self.conclude(step, gathered)
-        self.record(kind, seconds, compute_seconds, drift, decided=True)
+        decision = self.conclude(step, gathered) if decided else self.check_early(step, gathered)
+        self.record(kind, seconds, compute_seconds, drift, decided=decided)
         return decision
 
     def figures(self):
@@ -532,8 +532,8 @@ class AdaptiveState:
                           costliest]], dtype=np.float64)
 
     def is_early_check(self, step):
-        """Whether the ranks check, just before ``step``'s average, whether to switch (:meth:`check_early`):
-        under global averaging, with ``switch_early``, a global average inside a window."""
+        """Whether the ranks check at ``step``'s average whether to switch (:meth:`check_early`): under
+        global averaging, with ``switch_early``, a global average inside a window."""
         return (self.policy.switch_early and step >= self.warmup_steps and self.decision.mode == GLOBAL
                 and not self.is_window_end(step) and self.action(step) == GLOBAL)
 
@@ -547,14 +547,15 @@ class AdaptiveState:
         return np.array([[min(compute, default=nan), self._last_global, nan, nan, nan]], dtype=np.float64)
 
     def check_early(self, step, gathered):
-        """Before step ``step``'s :meth:`action`: switch to group averages at this very step from every rank's
-        ``gathered`` :meth:`figures_sent_after` the last average (concatenated rows), when ``step`` is an
-        early check (:meth:`is_early_check`) and :func:`decide` says so here and said so at the check before
-        (one slow average is no trend), or says so by far: group averages would save at least
-        ``(1 + enter_gain) / 2`` of a period (an average that costs that much more hurts at once). The period
-        stays. Returns the new decision (its ``step`` is ``step``, whose average it already changes), or
-        ``None`` (nothing changes). A switch starts a new window of measurements; the windows' steps stay
-        where they were."""
+        """At early check ``step`` (:meth:`is_early_check`; else nothing happens): switch to group averages
+        from every rank's ``gathered`` :meth:`recent_figures` (concatenated rows) when :func:`decide` says so
+        here and said so at the check before (one slow average is no trend), or says so by far: group
+        averages would save at least ``(1 + enter_gain) / 2`` of a period (an average that costs that much
+        more hurts at once). Called by :meth:`end_step` with the figures that rode along the step's average
+        (the switch follows it), or before the step's :meth:`action` with the :meth:`early_figures` exchanged
+        (``switch_early="exchange"``: the switch makes the step's own average a group one). The period stays.
+        Returns the new decision (its ``step`` is ``step``), or ``None`` (nothing changes). A switch starts a
+        new window of measurements; the windows' steps stay where they were."""
         if not self.is_early_check(step):
             return None
         decision = decide(np.asarray(gathered, dtype=np.float64), self.decision, self.policy, step)

@@ -54,21 +54,22 @@ def test_a_straggler_paces_both_modes_so_it_keeps_global_averages():
 
 def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, ranks=4, kinds=None):
     """Play ``steps`` on ``ranks`` states as the PyTorch adapter does (:meth:`AdaptiveState.end_step`), the
-    figures riding along every average that carries them, else gathered after the step, and the figures
-    sent after a step read before the next average (:meth:`AdaptiveState.check_early`); returns the
+    figures riding along every average that carries them, else gathered after the step, and exchanged
+    before an early check's average (:meth:`AdaptiveState.check_early`); returns the
     decisions (step, mode) of rank 0 and checks that every rank took the same. ``group_seconds``: a
     number, or a function of the step. ``kinds``: a list to append each step's kind to."""
     group_seconds_of = group_seconds if callable(group_seconds) else lambda step: group_seconds
     states = [AdaptiveState(policy) for _ in range(ranks)]
-    taken, sent = [], None
+    taken = []
     for step in range(steps):
-        if sent is not None and states[0].action(step) in (GLOBAL, GROUP):  # summed, as the allreduce does
-            early = [s.check_early(step, decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(sent)),
-                                                        ranks)) for s in states]
+        sent = [s.early_figures(step) for s in states]
+        assert len({e is None for e in sent}) == 1
+        if sent[0] is not None:  # summed, as the allreduce does
+            summed = decode_figures(sum(encode_figures(r, k, ranks) for k, r in enumerate(sent)), ranks)
+            early = [s.check_early(step, summed) for s in states]
             assert len({None if d is None else (d.mode, d.period) for d in early}) == 1, early
             if early[0] is not None:
                 taken.append((step, early[0].mode))
-            sent = None
         kind = states[0].action(step)
         assert {s.action(step) for s in states} == {kind}
         if kinds is not None:
@@ -90,11 +91,6 @@ def run_ranks(policy, steps, compute_of, global_seconds_of, group_seconds=0.01, 
         assert len({None if d is None else (d.mode, d.period) for d in made}) == 1, made
         if made[0] is not None:
             taken.append((step, made[0].mode))
-        after = [s.figures_sent_after(step) for s in states]
-        assert len({a is None for a in after}) == 1
-        if after[0] is not None:  # Horovod refuses a second op of the same name in flight
-            assert sent is None and kind in (GLOBAL, GROUP), (step, kind)
-            sent = after
     return taken
 
 
@@ -108,17 +104,22 @@ def _figures_after(states, kind, seconds, computes):
 
 def test_a_slowed_link_inside_a_window_is_answered_at_the_next_global_average():
     """Global averages 10x slower from step 17 on: the window of steps 16-31 would decide at step 31; the
-    figures of the slow average of step 19, sent right after it, switch step 23's average to a group one
-    already. A straggler from step 20 on switches nothing: it paces group averages as well."""
+    slow average of step 19 rides along the global average of step 23 and switches there already, or, with
+    the figures exchanged before each early check, makes step 23's average a group one. A straggler from
+    step 20 on switches nothing: it paces group averages as well."""
     even = lambda step, rank: 0.01  # noqa: E731
     slowed = lambda step: 0.2 if step >= 17 else 0.02  # noqa: E731
     early, kinds = AdaptivePolicy(decide_every=16, min_period=4, max_period=4), []
     assert run_ranks(early, 32, even, slowed, kinds=kinds)[1:] == [(23, GROUP)]
-    assert [kinds[step] for step in (19, 23, 27)] == [GLOBAL, GROUP, GROUP]  # one slow global average only
+    assert [kinds[step] for step in (19, 23, 27)] == [GLOBAL, GLOBAL, GROUP]  # two slow global averages
+    exchange, kinds = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early="exchange"), []
+    assert run_ranks(exchange, 32, even, slowed, kinds=kinds)[1:] == [(23, GROUP)]
+    assert [kinds[step] for step in (19, 23, 27)] == [GLOBAL, GROUP, GROUP]  # one slow global average
     late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
     assert run_ranks(late, 32, even, slowed)[1:] == [(31, GROUP)]
     straggler = lambda step, rank: 0.25 if rank == 3 and step >= 20 else 0.01  # noqa: E731
-    assert {mode for _, mode in run_ranks(early, 48, straggler, lambda step: 0.02)} == {GLOBAL}
+    for policy in (early, exchange):
+        assert {mode for _, mode in run_ranks(policy, 48, straggler, lambda step: 0.02)} == {GLOBAL}
 
 
 def test_the_first_window_averages_in_groups_and_its_costliest_group_average_stands_in_for_a_global_one():
@@ -336,6 +337,7 @@ def test_drift_from_norms():
     (dict(raise_ratio=0.9), "Arg ``raise_ratio`` must be a ratio above 1"),
     (dict(raise_ratio=1.5, lower_ratio=1.8), "Arg ``lower_ratio``"),
     (dict(drift_bound=-1.0), "Arg ``drift_bound``"),
+    (dict(switch_early="sometimes"), "Arg ``switch_early`` must be True, False or 'exchange'"),
 ])
 def test_bad_settings_name_the_argument(bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -398,10 +400,10 @@ def test_simulator_replays_a_changing_network(tmp_path):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("framework", ["torch", "torch-exchange", "keras"])
 def test_every_rank_switches_at_the_same_step(framework):
     """Global averages slowed by one rank for 32 steps: groups at the same step everywhere, and back."""
-    output = run("gloo", 4, "adaptive.py", framework, timeout=300)
+    output = run("gloo", 4, "adaptive.py", *framework.split("-"), timeout=300)
     assert output.count("all checks passed") == 4, output
-    if framework == "torch":
+    if framework.startswith("torch"):
         assert output.count("resumed alike") == 4, output

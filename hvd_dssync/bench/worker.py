@@ -36,6 +36,7 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local-fp16": ("topology", True),
     "dssync-adaptive": ("topology", True),
     "dssync-adaptive-mode": ("topology", True),
+    "dssync-adaptive-exchange": ("topology", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
@@ -47,8 +48,9 @@ FP16 = {"dssync-topology-local-fp16"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
 # They start from the local-step contenders' period and decide every 16 steps (four averages), so that a
 # run of a few hundred steps sees them decide several times; "-mode" keeps the period and chooses only
-# between global and group averages.
-POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4}}
+# between global and group averages; "-exchange" exchanges the early checks' figures before their averages.
+POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4},
+          "dssync-adaptive-exchange": {"decide_every": 16, "switch_early": "exchange"}}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 # Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
 # that allreduce every step.

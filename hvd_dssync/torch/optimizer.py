@@ -185,7 +185,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._loaded_rows = None  # sets from load_state_dict(), applied when the tables are agreed
         self._drift = float("nan")
         self._gathered_figures = None  # every rank's adaptive-policy figures, when they rode along an average
-        self._figures_in_flight = None  # (handle, step): the adaptive figures sent after the last average
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -224,7 +223,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._settle_step()
         if self._should_synchronize and self._synchronized and not serving:
             warnings.warn(SYNCHRONIZE_WARNING)
-        early = self._check_early()
+        early = None if self._plan.adaptive is None else self._check_early()
         action = self._plan.action(self.sync_step)
         self._drift = float("nan")
         if self._sparse_tables is None and self._sparse_average and action.kind != BSP:
@@ -420,7 +419,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         continues from rank 0's step: the rank whose model and optimizer state ``hvd.elastic.TorchState``
         broadcast to the newcomers.
         """
-        self._pending = self._figures_in_flight = None
+        self._pending = None
         self._reference = None
         # Elastic Horovod has just broadcast rank 0's model to every rank: no row differs, and the
         # newcomers agree on the sparse tables with the others at the next averaging step.
@@ -656,7 +655,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         average, each member's squared norm (one element), so that the members learn how far apart their
         models were (:func:`drift_of`; the policy uses it under group averaging only, so global averages
         skip the norms, 7 ms a step on the bench); at a decision step under global averaging, every rank's
-        figures (:func:`encode_figures`)."""
+        figures (:func:`encode_figures`), and at a global average inside a window, the last period's ones
+        (unless the ranks exchanged them before it: :meth:`_check_early`)."""
         adaptive, size = self._plan.adaptive, self._scope.world_size
         measuring, figures = action.kind == GROUP, adaptive.carried_figures(self.sync_step)
         extra = [_square_norm(tensors)] if measuring else []
@@ -677,8 +677,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def _adapt(self, action, early=None):
         """Note this step's figures; at a decision step, decide from every rank's figures (which rode along
         in the step's global average, or else one small allgather after it: a probe, whose average's time
-        they count, or the first window's end); send the last period's figures where the next average is
-        to check them (:meth:`_check_early`). ``early``: the decision this step's early check took."""
+        they count, or the first window's end). ``early``: the decision this step's early check took."""
         adaptive, now = self._plan.adaptive, time.perf_counter()
         this_step = self.last_sync is not None and self.last_sync["step"] == self.sync_step
         seconds = self.last_sync["seconds"] if this_step and self.last_sync["kind"] == action.kind else math.nan
@@ -690,32 +689,29 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if decision is not None:
             self.last_sync = dict(self.last_sync or {"step": self.sync_step, "kind": action.kind},
                                   decision=decision.as_dict())
-        figures = adaptive.figures_sent_after(self.sync_step)
-        if figures is not None:  # in flight while the next local steps compute
-            sent = torch.from_numpy(encode_figures(figures, self._scope.rank, self._scope.world_size))
-            handle = hvd.allreduce_async(sent, name=f"{self._name}.adaptive.recent", op=hvd.Sum,
-                                         process_set=self.process_set)
-            self._figures_in_flight = (handle, self.sync_step)
         self._step_ended = time.perf_counter()
 
     def _check_early(self):
-        """At the first averaging step after figures were sent (:meth:`_adapt`), read every rank's and let the
-        adaptive policy switch to group averages at this very step (``check_early``); returns its decision,
-        or ``None``. The same on every rank: each reads the same sum, at the same step."""
-        adaptive = self._plan.adaptive
-        if self._figures_in_flight is None or adaptive.action(self.sync_step) not in (GLOBAL, GROUP):
+        """With ``switch_early="exchange"``, before a global average inside a window (an early check):
+        exchange the last period's figures (one small allreduce, bounded by the watchdog) and let the
+        adaptive policy make this very step a group average (``check_early``); returns its decision, or
+        ``None``. Every rank reads the same sum."""
+        adaptive, size = self._plan.adaptive, self._scope.world_size
+        figures = adaptive.early_figures(self.sync_step)
+        if figures is None:
             return None
-        (handle, sent_at), self._figures_in_flight = self._figures_in_flight, None
-        with self._bounded(Action(GLOBAL, tuple(range(self._scope.world_size))), sent_at):
-            summed = collectives.wait(handle)
-        return adaptive.check_early(self.sync_step, decode_figures(summed.numpy(), self._scope.world_size))
+        with self._bounded(Action(GLOBAL, tuple(range(size))), self.sync_step):
+            summed = torch.from_numpy(encode_figures(figures, self._scope.rank, size))
+            collectives.allreduce_(summed, name=f"{self._name}.adaptive.early", op=hvd.Sum,
+                                   process_set=self.process_set)
+        return adaptive.check_early(self.sync_step, decode_figures(summed.numpy(), size))
 
     def _gather_figures(self, action, figures):
         """Every rank's adaptive figures, gathered after the step's average (a probe's, or one that could not
         carry them: compression, overlap, a world of one), bounded by the watchdog."""
         everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
         with self._bounded(everyone, self.sync_step):
-            return hvd.allgather(torch.from_numpy(figures), name=f"{self._name}.adaptive",
+            return collectives.allgather(torch.from_numpy(figures), name=f"{self._name}.adaptive",
                                  process_set=self.process_set).numpy()
 
     # --- inside a process set, and lossy compression -----------------------------------------
