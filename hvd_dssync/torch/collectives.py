@@ -12,7 +12,7 @@ import time
 
 import horovod.torch as hvd
 
-__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "LONGEST_SLEEP"]
+__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP"]
 
 FIRST_SLEEP = 5e-5
 LONGEST_SLEEP = 1e-3
@@ -71,3 +71,13 @@ def allgather(tensor, **kwargs):
         rows = allgather(ids, name="rows", process_set=group)
     """
     return wait(hvd.allgather_async(tensor, **kwargs))
+
+
+def broadcast(tensor, root_rank, **kwargs):
+    """``hvd.broadcast`` (a new output) with :func:`wait`.
+
+    Example::
+
+        step = broadcast(torch.tensor([7.0]), 0, name="step", process_set=group)
+    """
+    return wait(hvd.broadcast_async(tensor, root_rank, **kwargs))

@@ -391,8 +391,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         mine = ([float(self.sync_step)] if with_step else []) + ([] if adaptive is None else adaptive.vector().tolist())
         if not mine:
             return
-        got = hvd.broadcast(torch.tensor(mine, dtype=torch.float64), root, name=f"{self._name}.step",
-                            process_set=self.process_set).numpy()
+        got = collectives.broadcast(torch.tensor(mine, dtype=torch.float64), root, name=f"{self._name}.step",
+                                    process_set=self.process_set).numpy()
         if with_step:
             self.sync_step, got = int(got[0]), got[1:]
         if adaptive is not None:
