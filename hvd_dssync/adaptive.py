@@ -36,8 +36,9 @@ they ride along that global average (no collective of the policy's own) and the 
 it: a slowed link costs two slow global averages, the one that measured it and the one that carried its
 figures. With ``switch_early="exchange"`` the ranks exchange them just before it, in one small allreduce
 of their own, and switch that very average: one slow global average, for a small collective before every
-global average inside a window (on the bench's two cores for eight ranks, 25-30 ms each). Everything else waits for the window's end. The PyTorch adapter does this; the Keras
-adapter, whose traced steps follow a table made for the whole window, decides at windows' ends only.
+global average inside a window (on the bench's two cores for eight ranks, 20-30 ms each). Everything else
+waits for the window's end. The PyTorch adapter does this; the Keras adapter, whose traced steps follow a
+table made for the whole window, decides at windows' ends only.
 
 The period follows the cost of an average as it moves: it doubles when the chosen mode's average costs
 ``raise_ratio`` times the least it has cost in this job (per doubling already made), and halves back when
@@ -385,7 +386,8 @@ class AdaptiveState:
         >>> for step in range(12):
         ...     early = [s.early_figures(step) for s in states]  # one small allreduce, where there are some
         ...     if early[0] is not None:
-        ...         decisions += [d for d in (s.check_early(step, np.concatenate(early)) for s in states) if d]
+        ...         switched = [s.check_early(step, np.concatenate(early)) for s in states]
+        ...         decisions += [d for d in switched if d is not None]
         ...     kind = states[0].action(step)
         ...     carried = [s.carried_figures(step) for s in states]
         ...     gathered = None if carried[0] is None else np.concatenate(carried)  # what the average carried

@@ -712,7 +712,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         everyone = action._replace(kind=GLOBAL, group=tuple(range(self._scope.world_size)))
         with self._bounded(everyone, self.sync_step):
             return collectives.allgather(torch.from_numpy(figures), name=f"{self._name}.adaptive",
-                                 process_set=self.process_set).numpy()
+                                         process_set=self.process_set).numpy()
 
     # --- inside a process set, and lossy compression -----------------------------------------
 
