@@ -560,7 +560,7 @@ class AdaptiveState:
         new window of measurements; the windows' steps stay where they were."""
         if not self.is_early_check(step):
             return None
-        decision = decide(np.asarray(gathered, dtype=np.float64), self.decision, self.policy, step)
+        decision = decide(gathered, self.decision, self.policy, step)
         says_group, self._early_says_group = self._early_says_group, decision.mode == GROUP
         if decision.mode != GROUP or not (says_group or decision.gain >= (1 + self.policy.enter_gain) / 2):
             return None

@@ -24,9 +24,8 @@ SETTINGS = dict(decide_every=8, max_period=1, probe_every=2, enter_gain=0.7, lea
 # as fast as the others (the costliest stands in for a global one), so global averages follow. PyTorch
 # switches at the global average after the first slow one (the last period's figures ride along it, and
 # group averages would save far more than enter_gain), or, exchanging them before it, makes that average a
-# group one; Keras at the window's end. The way back comes at the
-# probe of the window 56-63 (under group averages the windows 8-15, 24-31, ... probe), whose one global
-# average is fast again.
+# group one; Keras at the window's end. The way back comes at the probe of the window 56-63 (under group
+# averages the windows 8-15, 24-31, ... probe), whose one global average is fast again.
 EXPECTED_CHANGES = {"torch": [(7, "global"), (17, "group"), (63, "global")],
                     "keras": [(7, "global"), (23, "group"), (63, "global")]}[FRAMEWORK]
 
