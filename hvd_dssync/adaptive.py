@@ -17,9 +17,10 @@ figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps 
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
 cost). The ranks start with group averages and gather their figures at the end of the first window, with
 no global average in it: before any global average was measured, it is taken to cost what the costliest
-group average cost (a global average crosses every link that any group crosses, the slow one between
-racks included, which the topology-aware schedule's bridge steps cross), and on a fast network, where
-every group average costs alike, that says: global averages from then on. Under global averaging the
+group average that crossed the racks cost on the ranks that crossed (a global average crosses every link
+that any group crosses, the slow one between racks included, which the topology-aware schedule's bridge
+steps cross), and on a fast network, where every group average costs alike, that says: global averages
+from then on. Under global averaging the
 last group figure is kept, and the policy switches when the global average's measured cost makes that
 figure worth it.
 
@@ -60,8 +61,9 @@ logger = logging.getLogger("hvd_dssync.adaptive")
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
 # (computing), the fewest seconds of a global average (its cost without waits for late ranks or one-off
 # stalls: a slow link slows every one of them), the median seconds of a group average, the largest drift
-# seen (see AdaptiveState), and the most seconds of a group average (what stands in for a global
-# average's cost before one was measured: see decide).
+# seen (see AdaptiveState), and the most seconds of a group average that crossed the racks, of any group
+# average where the schedule knows no racks (what stands in for a global average's cost before one was
+# measured: see decide; NaN on a rank that crossed none).
 FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift", "costliest_group_seconds")
 
 
@@ -200,8 +202,8 @@ class Decision(NamedTuple):
     window, combined as :func:`decide` says; the last known ones where a window measured none. ``gain`` is
     what group averaging would save of a period's time, ``share`` what the chosen mode's average takes of
     it; ``global_floor`` and ``group_floor`` the least each kind of average has cost so far (the period's
-    reference); ``costliest_group_seconds`` each rank's costliest group average of the window, the median
-    over the ranks.
+    reference); ``costliest_group_seconds`` each rank's costliest group average of the window that crossed
+    the racks (any, where the schedule knows no racks), the median over the ranks that made one.
 
     Example::
 
@@ -281,13 +283,15 @@ def decide(figures, previous, policy, step):
     smallest, is the collective's own cost. A figure no rank measured keeps its previous value.
 
     Before any global average was measured (the first window averages in groups only), a global average
-    is taken to cost what the costliest group average cost: it crosses every link that any group crosses (a
-    schedule that knows the racks crosses them in its bridge steps), the typical rank's: a bridge may join
-    only two ranks across the racks, but while they cross, Horovod's cycles, which negotiate every process
-    set in turn, hold the others' averages as well, so most ranks see it (and the least over the ranks
-    would be a rank that did not). On a fast network every group average costs about alike, so the gain
-    is small and the ranks average globally from then on; behind a slow link the bridges cost several times
-    the averages inside the racks, and the ranks keep group averages until a probe measures a global one.
+    is taken to cost what the costliest group average that crossed the racks cost: it crosses every link
+    that any group crosses, and a schedule that knows the racks crosses them in its bridge steps. The
+    figure is the median over the ranks that crossed (a bridge may join only two ranks across the racks:
+    the others only wait for it, in Horovod's cycles, which negotiate every process set in turn, and on the
+    bench a third of the runs' typical rank saw less than 2x its usual average where the bridge ranks saw
+    3x); where the schedule knows no racks, every rank's costliest group average counts. On a fast
+    network every group average costs about alike, so the gain is small and the ranks average globally
+    from then on; behind a slow link the bridges cost several times the averages inside the racks, and the
+    ranks keep group averages until a probe measures a global one.
     An estimate chooses group averages only where the costliest group average costs at least
     ``raise_ratio`` times the typical one as well (what the period takes for a real change of cost): on a
     fast network the costliest is the typical one plus noise and waits (measured: 1.3-1.7x, against
@@ -304,8 +308,8 @@ def decide(figures, previous, policy, step):
         >>> slow = [[0.010, 0.200, 0.001, 0.0, 0.001]] * 4  # a global average now takes 200 ms
         >>> d = decide(slow, start, p, 7); d.mode, d.period
         ('group', 1)
-        >>> bridged = [[0.010, float("nan"), 0.001, 0.0, 0.150]] * 4  # no global average yet; a bridge: 150 ms
-        >>> decide(bridged, start, p, 7).reason
+        >>> bridged = [[0.010, float("nan"), 0.001, 0.0, 0.150]] * 2 + [[0.010, float("nan"), 0.001, 0.0, float("nan")]] * 2
+        >>> decide(bridged, start, p, 7).reason  # no global average yet; the two ranks that crossed: 150 ms
         'group averages save 93% of a period (a global average taken to cost the costliest group one, 0.15 s)'
     """
     figures = np.asarray(figures, dtype=np.float64).reshape(-1, len(FIGURES))
@@ -375,7 +379,8 @@ class AdaptiveState:
     it, an average that carried the figures belongs to no window) is kept there, once for every adapter.
     With ``switch_early="exchange"`` an adapter that switches inside a window (PyTorch) also exchanges
     :meth:`early_figures`, where a step has some, in a small collective of their own before the step's
-    :meth:`action`, and hands every rank's to :meth:`check_early`.
+    :meth:`action`, and hands every rank's to :meth:`check_early`. ``crosses(schedule_step)`` says whether
+    this rank's group at that step of the schedule spans racks (``None``: unknown; see :meth:`figures`).
 
     Example (four ranks in one process; global averages fast, then slow from step 6; figures exchanged
     before an early check's average)::
@@ -402,9 +407,10 @@ class AdaptiveState:
         'group'
     """
 
-    def __init__(self, policy, warmup_steps=0):
+    def __init__(self, policy, warmup_steps=0, crosses=None):
         self.policy = policy
         self.warmup_steps = warmup_steps
+        self._crosses = crosses
         self.decision = initial_decision(policy)
         self.averages = 0  # the averages so far, after warm-up: the schedule's step
         self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
@@ -413,7 +419,7 @@ class AdaptiveState:
 
     def _start_window(self):
         """Forget the measurements: a new window starts."""
-        self._samples = {GLOBAL: [], GROUP: [], "compute": []}
+        self._samples = {GLOBAL: [], GROUP: [], "compute": [], "crossing": []}
         self._drift = float("nan")
 
     def _window(self, step):
@@ -454,12 +460,15 @@ class AdaptiveState:
         """Note one step: its kind, its averaging's seconds, its seconds outside the averaging, and the
         relative distance of the models its average saw (NaN where not measured). ``decided``: the step
         was a decision step, whose average carried the figures: its seconds belong to no window."""
+        if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
+            self._samples[kind].append(float(seconds))
+            if kind == GROUP and (self._crosses is None or self._crosses(self.warmup_steps + self.averages)
+                                  is not False):
+                self._samples["crossing"].append(float(seconds))
         if kind in (GLOBAL, GROUP):
             self.averages += 1
         if kind == GLOBAL and math.isfinite(seconds):
             self._last_global = float(seconds)
-        if kind in (GLOBAL, GROUP) and math.isfinite(seconds) and not decided:
-            self._samples[kind].append(float(seconds))
         if math.isfinite(compute_seconds):
             self._samples["compute"].append(float(compute_seconds))
         if math.isfinite(drift):
@@ -527,9 +536,10 @@ class AdaptiveState:
 
     def figures(self):
         """This rank's figures of the window, a ``(1, len(FIGURES))`` float64 array: to ride along an average
-        (:func:`encode_figures`) or for an allgather."""
+        (:func:`encode_figures`) or for an allgather. The costliest group average counts only those that
+        crossed the racks (``crosses``), or every one where that is unknown."""
         nan = float("nan")
-        fewest, costliest = min(self._samples[GLOBAL], default=nan), max(self._samples[GROUP], default=nan)
+        fewest, costliest = min(self._samples[GLOBAL], default=nan), max(self._samples["crossing"], default=nan)
         return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift,
                           costliest]], dtype=np.float64)
 

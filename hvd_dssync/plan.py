@@ -126,7 +126,8 @@ class SyncPlan:
                                       seed=seed, topology=topology, **(schedule_options or {}))
         self._window = None
         self.adaptive = None if adaptive is None else AdaptiveState(
-            AdaptivePolicy.resolve(adaptive, average_every, global_every), warmup_steps)
+            AdaptivePolicy.resolve(adaptive, average_every, global_every), warmup_steps,
+            crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)))
 
     def _schedule_step(self, step):
         return (self.adaptive or self.policy).schedule_step(step)

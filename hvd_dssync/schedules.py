@@ -148,6 +148,10 @@ class Schedule(abc.ABC):
             window += 1
         return tuple(sorted(found))
 
+    def crosses(self, group):
+        """Whether ``group`` spans more than one rack: ``None`` where the schedule knows no racks."""
+        return None
+
     def window_groups(self, window):
         """The distinct groups of one window: what must be registered while it runs."""
         return tuple(sorted({g for p in self.partitions(window) for g in p}))
@@ -410,6 +414,7 @@ class TopologyAware(Schedule):
         self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
         self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
         self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
+        self._rack_of = {rank: i for i, rack in enumerate(self.racks) for rank in rack}
         # Fixed bridges with no step inside the racks leave a rack's other ranks apart from its bridges for
         # good, unless every rack is one rank (then the bridge group is everyone).
         if self.rotate_every is None and self.intra_steps == 0 and len(self.racks) > 1 \
@@ -443,6 +448,18 @@ class TopologyAware(Schedule):
             if rest:
                 stay.append(rest)
         return canonical_partition([b for b in bridges if b] + stay)
+
+    def crosses(self, group):
+        """Whether ``group`` spans more than one rack (a bridge group does).
+
+        Example::
+
+            >>> from hvd_dssync.topology import Topology
+            >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]))
+            >>> t.crosses((0, 2)), t.crosses((2, 3))
+            (True, False)
+        """
+        return len({self._rack_of[r] for r in group}) > 1
 
     def windows_repeat(self):
         """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``

@@ -9,6 +9,7 @@ from hvd_dssync.adaptive import (FIGURES, AdaptivePolicy, AdaptiveState, decide,
                                  encode_figures, initial_decision)
 from hvd_dssync.plan import SyncPlan, agreement_fields
 from hvd_dssync.policy import GLOBAL, GROUP, LOCAL
+from hvd_dssync.topology import Topology
 
 from multirank import run
 
@@ -147,6 +148,32 @@ def test_the_first_window_averages_in_groups_and_its_costliest_group_average_sta
     middle = decide(rows(0.01, NAN, 0.065, costliest_group=0.08), initial_decision(p), p, 15)
     assert middle.mode == GLOBAL and 0.1 < middle.gain < 0.3, middle
 
+
+
+@pytest.mark.parametrize("bridge, seen, expected", [(0.3, 0.18, GROUP), (0.07, 0.12, GLOBAL)])
+def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected):
+    """On 2 racks of 4 only the bridge ranks (0 and 4) cross at the topology-aware schedule's bridge step;
+    the others wait for them only in part (Horovod's cycles). The estimate of a global average is the
+    crossing ranks' time, the median over them: behind a slow link (a bridge of 0.3 s, which the others see
+    as 0.18 s against their usual 0.1 s, less than raise_ratio) the ranks keep group averages; on a fast
+    network (the bridge pair cheaper than the racks' averages) they average globally."""
+    policy = AdaptivePolicy(decide_every=16, min_period=4, max_period=4).config()
+    racks = Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]])
+    plans = [SyncPlan(rank, 8, schedule="topology", topology=racks, adaptive=policy) for rank in range(8)]
+    for step in range(16):
+        for plan in plans:
+            action = plan.action(step)
+            crossing = action.kind == GROUP and len(action.group) == 2
+            seconds = bridge if crossing else seen if step == 15 else 0.1
+            plan.adaptive.record(action.kind, seconds if action.kind == GROUP else NAN, 0.01)
+    figures = np.concatenate([plan.adaptive.figures() for plan in plans])
+    assert np.isfinite(figures[:, 4]).tolist() == [rank in (0, 4) for rank in range(8)]  # the others crossed none
+    first = plans[0].adaptive.conclude(15, figures)
+    assert first.mode == expected and first.costliest_group_seconds == bridge, first
+    # Every rank's costliest group average, the median over all ranks, would have missed the slow bridge.
+    everyone = figures.copy()
+    everyone[:, 4] = [bridge if rank in (0, 4) else seen for rank in range(8)]
+    assert decide(everyone, initial_decision(plans[0].adaptive.policy), plans[0].adaptive.policy, 15).mode == GLOBAL
 
 def test_one_slow_step_inside_a_period_is_no_straggler():
     """Rank 3 is slow on two steps of one period (an evaluation, a stall), then fast again: no switch."""
@@ -357,7 +384,6 @@ def test_probes_take_the_place_of_the_topology_schedule_s_bridge_steps():
     """With 4 averages a window and the topology-aware schedule's cycle of 4 (3 steps inside the racks, then
     a bridge), every window ends where the schedule would cross the racks: a probe replaces a bridge."""
     from hvd_dssync.schedules import TopologyAware
-    from hvd_dssync.topology import Topology
 
     schedule = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]))
     state = AdaptiveState(AdaptivePolicy(decide_every=16, min_period=4, max_period=4, probe_every=2))
