@@ -59,8 +59,9 @@ __all__ = ["AdaptivePolicy", "Decision", "decide", "AdaptiveState", "FIGURES", "
 logger = logging.getLogger("hvd_dssync.adaptive")
 
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
-# (computing), the fewest seconds of a global average (its cost without waits for late ranks or one-off
-# stalls: a slow link slows every one of them), the median seconds of a group average, the largest drift
+# (computing), the fewest seconds of the window's last two global averages (their cost without waits for
+# late ranks or a one-off stall: a slow link slows both, and one that slowed inside the window shows at its
+# end), the median seconds of a group average, the largest drift
 # seen (see AdaptiveState), and the most seconds of a group average that crossed the racks, of any group
 # average where the schedule knows no racks (what stands in for a global average's cost before one was
 # measured: see decide; NaN on a rank that crossed none).
@@ -539,7 +540,7 @@ class AdaptiveState:
         (:func:`encode_figures`) or for an allgather. The costliest group average counts only those that
         crossed the racks (``crosses``), or every one where that is unknown."""
         nan = float("nan")
-        fewest, costliest = min(self._samples[GLOBAL], default=nan), max(self._samples["crossing"], default=nan)
+        fewest, costliest = min(self._samples[GLOBAL][-2:], default=nan), max(self._samples["crossing"], default=nan)
         return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift,
                           costliest]], dtype=np.float64)
 

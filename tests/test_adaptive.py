@@ -175,6 +175,16 @@ def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected)
     everyone[:, 4] = [bridge if rank in (0, 4) else seen for rank in range(8)]
     assert decide(everyone, initial_decision(plans[0].adaptive.policy), plans[0].adaptive.policy, 15).mode == GLOBAL
 
+def test_a_link_that_slows_inside_a_window_shows_at_its_end():
+    """Each rank's global figure is the fewer seconds of the window's last two global averages: a link that
+    slowed after the window's first average (steps 23 and 27 slow, 19 fast) switches at the window's end
+    (step 31), not one window later; one slow average among them (a stall) switches nothing."""
+    even = lambda step, rank: 0.01  # noqa: E731
+    late = AdaptivePolicy(decide_every=16, min_period=4, max_period=4, switch_early=False)
+    assert run_ranks(late, 48, even, lambda step: 0.2 if step >= 21 else 0.02)[1:] == [(31, GROUP)]
+    assert {mode for _, mode in run_ranks(late, 48, even, lambda step: 0.2 if step == 27 else 0.02)} == {GLOBAL}
+
+
 def test_one_slow_step_inside_a_period_is_no_straggler():
     """Rank 3 is slow on two steps of one period (an evaluation, a stall), then fast again: no switch."""
     spiky = lambda step, rank: 0.25 if rank == 3 and step in (21, 22) else 0.01  # noqa: E731
@@ -413,7 +423,9 @@ def test_simulator_replays_a_changing_network(tmp_path):
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
     at_ends = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                               policy=AdaptivePolicy(decide_every=16, switch_early=False))
-    assert [(d["step"], d["mode"]) for d in at_ends["decisions"] if d["reason"] != "unchanged"][1] == (111, GROUP)
+    # Deciding at windows' ends only: at the end of the window the link slowed in (its last two global
+    # averages were slow, though its first were fast).
+    assert [(d["step"], d["mode"]) for d in at_ends["decisions"] if d["reason"] != "unchanged"][1] == (95, GROUP)
     assert out["seconds"]["adaptive"] < at_ends["seconds"]["adaptive"]
     timetable = tmp_path / "rates.json"
     timetable.write_text('[{"t": 80, "inter": 40}, {"t": 30, "inter": 2}]')
