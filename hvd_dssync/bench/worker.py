@@ -37,6 +37,7 @@ DSSYNC_CONTENDERS = {
     "dssync-adaptive": ("topology", True),
     "dssync-adaptive-mode": ("topology", True),
     "dssync-adaptive-exchange": ("topology", True),
+    "dssync-local-idle-sets": ("one group", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
@@ -51,6 +52,9 @@ FP16 = {"dssync-topology-local-fp16"}
 # between global and group averages; "-exchange" exchanges the early checks' figures before their averages.
 POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4},
           "dssync-adaptive-exchange": {"decide_every": 16, "switch_early": "exchange"}}
+# Contenders whose Horovod also registers another contender's process sets, which they leave idle: what
+# the registered sets alone cost (Horovod negotiates every registered set on every cycle).
+IDLE_SETS = {"dssync-local-idle-sets": "dssync-topology-local"}
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 # Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
 # that allreduce every step.
@@ -154,7 +158,8 @@ def _make_contender(name, model, config, rank, size):
             sync = None
         else:
             kwargs = dssync_arguments(name, config)
-            dss.init(seed=config["seed"], **{k: v for k, v in kwargs.items() if k != "average_every"})
+            registered = dssync_arguments(IDLE_SETS.get(name, name), config)
+            dss.init(seed=config["seed"], **{k: v for k, v in registered.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
