@@ -101,8 +101,9 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
 
     The lowest rank of each host represents it. In rounds of disjoint host pairs (every pair meets once),
     each pair's representatives time ``repeats`` allreduces of ``nbytes`` on a two-rank process set
-    after one unmeasured warm-up; every other rank issues as many one-element ops on its own one-rank set,
-    so all ranks keep the same op sequence. Links slower than ``slow_fraction`` of the fastest pair are
+    after one unmeasured warm-up, and the fastest counts (a one-off stall of a shared core is no slow
+    link); every other rank issues as many one-element ops on its own one-rank set, so all ranks keep the
+    same op sequence. Links slower than ``slow_fraction`` of the fastest pair are
     slow; hosts joined by fast links form a rack. A collective; with one host there is nothing to time.
 
     Example::
@@ -129,12 +130,14 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
         process_set = registry.get(group)
         tensor = payload if me in busy else tiny
         hvd.allreduce_(tensor, name="dssync.probe.warm", process_set=process_set)
-        started = time.perf_counter()
+        fastest = math.inf
         for _ in range(repeats):
+            started = time.perf_counter()
             hvd.allreduce_(tensor, name="dssync.probe", process_set=process_set)
+            fastest = min(fastest, time.perf_counter() - started)
         if me in busy:
             a, b = busy[me]
-            seconds[a, b] = seconds[b, a] = (time.perf_counter() - started) / repeats
+            seconds[a, b] = seconds[b, a] = fastest
         registry.release(partition)
     seconds = hvd.allreduce(seconds, op=hvd.Max, name="dssync.probe.seconds")
     rates = (payload.numel() * 4 / seconds.clamp(min=1e-9)).tolist()
