@@ -20,9 +20,8 @@ no global average in it: before any global average was measured, it is taken to 
 group average that crossed the racks cost on the ranks that crossed (a global average crosses every link
 that any group crosses, the slow one between racks included, which the topology-aware schedule's bridge
 steps cross), and on a fast network, where every group average costs alike, that says: global averages
-from then on. Under global averaging the
-last group figure is kept, and the policy switches when the global average's measured cost makes that
-figure worth it.
+from then on. Under global averaging the last group figure is kept, and the policy switches when the
+global average's measured cost makes that figure worth it.
 
 The schedule advances once per average, global ones included, so that a window of ``decide_every /
 period`` averages, a multiple of the topology-aware schedule's cycle (``intra_steps + 1``), ends where
@@ -60,11 +59,11 @@ logger = logging.getLogger("hvd_dssync.adaptive")
 
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
 # (computing), the fewest seconds of the window's last two global averages (their cost without waits for
-# late ranks or a one-off stall: a slow link slows both, and one that slowed inside the window shows at its
-# end), the median seconds of a group average, the largest drift
-# seen (see AdaptiveState), and the most seconds of a group average that crossed the racks, of any group
-# average where the schedule knows no racks (what stands in for a global average's cost before one was
-# measured: see decide; NaN on a rank that crossed none).
+# late ranks or a one-off stall: a slow link slows both, and one that slowed inside the window shows at
+# its end), the median seconds of a group average, the largest drift seen (see AdaptiveState), and the
+# most seconds of a group average that crossed the racks, of any group average where the schedule knows
+# no racks (what stands in for a global average's cost before one was measured: see decide; NaN on a rank
+# that crossed none).
 FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift", "costliest_group_seconds")
 
 
@@ -287,9 +286,9 @@ def decide(figures, previous, policy, step):
     is taken to cost what the costliest group average that crossed the racks cost: it crosses every link
     that any group crosses, and a schedule that knows the racks crosses them in its bridge steps. The
     figure is the median over the ranks that crossed (a bridge may join only two ranks across the racks:
-    the others only wait for it, in Horovod's cycles, which negotiate every process set in turn, and on the
-    bench a third of the runs' typical rank saw less than 2x its usual average where the bridge ranks saw
-    3x); where the schedule knows no racks, every rank's costliest group average counts. On a fast
+    the others only wait for it, in Horovod's cycles, which negotiate every process set in turn, and in
+    three bench runs of twelve the typical rank saw less than 2x its usual average where the bridge ranks
+    saw 3x); where the schedule knows no racks, every rank's costliest group average counts. On a fast
     network every group average costs about alike, so the gain is small and the ranks average globally
     from then on; behind a slow link the bridges cost several times the averages inside the racks, and the
     ranks keep group averages until a probe measures a global one.
@@ -309,7 +308,8 @@ def decide(figures, previous, policy, step):
         >>> slow = [[0.010, 0.200, 0.001, 0.0, 0.001]] * 4  # a global average now takes 200 ms
         >>> d = decide(slow, start, p, 7); d.mode, d.period
         ('group', 1)
-        >>> bridged = [[0.010, float("nan"), 0.001, 0.0, 0.150]] * 2 + [[0.010, float("nan"), 0.001, 0.0, float("nan")]] * 2
+        >>> crossed, stayed = [0.010, float("nan"), 0.001, 0.0, 0.150], [0.010, float("nan"), 0.001, 0.0, float("nan")]
+        >>> bridged = [crossed] * 2 + [stayed] * 2
         >>> decide(bridged, start, p, 7).reason  # no global average yet; the two ranks that crossed: 150 ms
         'group averages save 93% of a period (a global average taken to cost the costliest group one, 0.15 s)'
     """

@@ -149,7 +149,6 @@ def test_the_first_window_averages_in_groups_and_its_costliest_group_average_sta
     assert middle.mode == GLOBAL and 0.1 < middle.gain < 0.3, middle
 
 
-
 @pytest.mark.parametrize("bridge, seen, expected", [(0.3, 0.18, GROUP), (0.07, 0.12, GLOBAL)])
 def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected):
     """On 2 racks of 4 only the bridge ranks (0 and 4) cross at the topology-aware schedule's bridge step;
@@ -174,6 +173,7 @@ def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected)
     everyone = figures.copy()
     everyone[:, 4] = [bridge if rank in (0, 4) else seen for rank in range(8)]
     assert decide(everyone, initial_decision(plans[0].adaptive.policy), plans[0].adaptive.policy, 15).mode == GLOBAL
+
 
 def test_a_link_that_slows_inside_a_window_shows_at_its_end():
     """Each rank's global figure is the fewer seconds of the window's last two global averages: a link that
