@@ -15,7 +15,9 @@ collective of its own. Under group averaging one window in ``probe_every`` does 
 last average is global): the probe's own time is the fresh global figure, so the ranks gather their
 figures after it, in one small collective (:meth:`AdaptiveState.end_step` keeps the two apart; the
 last rank to arrive at the probe waits for nobody, so the least time over the ranks is the collective's
-cost). The ranks start with group averages and gather their figures at the end of the first window, with
+cost). The ranks start with group averages, every ``first_period`` steps (the longest period by default:
+few averages, whose cost they do not know yet; the schedule starts where the last of them is a bridge:
+:func:`hvd_dssync.plan.first_crossing`), and gather their figures at the end of the first window, with
 no global average in it: before any global average was measured, it is taken to cost what the costliest
 group average that crossed the racks cost on the ranks that crossed (a global average crosses every link
 that any group crosses, the slow one between racks included, which the topology-aware schedule's bridge
@@ -60,10 +62,11 @@ logger = logging.getLogger("hvd_dssync.adaptive")
 # One rank's figures of one window, in this order: the median seconds of a step outside its averaging
 # (computing), the fewest seconds of the window's last two global averages (their cost without waits for
 # late ranks or a one-off stall: a slow link slows both, and one that slowed inside the window shows at
-# its end), the median seconds of a group average, the largest drift seen (see AdaptiveState), and the
-# most seconds of a group average that crossed the racks, of any group average where the schedule knows
-# no racks (what stands in for a global average's cost before one was measured: see decide; NaN on a rank
-# that crossed none).
+# its end), the median seconds of a group average (the lower middle one of an even count: of two, one at a
+# bridge step, which the ranks that stay in their racks wait for, the other), the largest drift seen (see
+# AdaptiveState), and the most seconds of a group average that crossed the racks, of any group average
+# where the schedule knows no racks (what stands in for a global average's cost before one was measured:
+# see decide; NaN on a rank that crossed none).
 FIGURES = ("compute_seconds", "global_seconds", "group_seconds", "drift", "costliest_group_seconds")
 
 
@@ -105,6 +108,14 @@ class AdaptivePolicy:
             ends only). ``True``: the figures ride along that average, and the switch follows it;
             ``"exchange"``: the ranks exchange them just before it in a small allreduce, and the switch
             makes that very average a group one; ``False``: decide at windows' ends only.
+        first_period: the period of the first window, before anything was measured; ``None`` (the default):
+            ``max_period``. Its averages are group averages whose cost the ranks do not know yet, and on a
+            fast network they cost more than the global ones that follow (Horovod negotiates every process
+            set on every cycle), so the first window makes few: with the bench's ``decide_every=16`` and
+            ``average_every=4``, two (the last step inside the racks and a bridge) instead of four, 1.05x
+            the best fixed choice's time on a steady network instead of 1.18x (docs/benchmarks.md). The
+            models drift apart a little more in the first window; every later window starts from the
+            shortest period (``average_every``).
 
     Example::
 
@@ -117,7 +128,8 @@ class AdaptivePolicy:
     """
 
     def __init__(self, decide_every=64, max_period=8, probe_every=4, enter_gain=0.3, leave_gain=0.1,
-                 raise_ratio=2.0, lower_ratio=1.5, drift_bound=0.05, min_period=1, switch_early=True):
+                 raise_ratio=2.0, lower_ratio=1.5, drift_bound=0.05, min_period=1, switch_early=True,
+                 first_period=None):
         self.decide_every = _positive("decide_every", decide_every)
         self.min_period = _positive("average_every", min_period)
         self.max_period = _positive("max_period", max_period)
@@ -143,6 +155,10 @@ class AdaptivePolicy:
             raise ValueError(f"Arg ``switch_early`` must be True, False or 'exchange', got {switch_early!r}.")
         self.switch_early = switch_early
         periods = self.periods()
+        self.first_period = self.max_period if first_period is None else _positive("first_period", first_period)
+        if self.first_period not in periods:
+            raise ValueError(f"Arg ``first_period`` must be one of the periods the policy may choose "
+                             f"({', '.join(map(str, periods))}), got {first_period!r}.")
         if any(decide_every % p for p in periods):
             raise ValueError(f"Arg ``decide_every`` must be a multiple of every period the policy may choose "
                              f"({', '.join(map(str, periods))}), got {decide_every}.")
@@ -158,7 +174,7 @@ class AdaptivePolicy:
         return {"decide_every": self.decide_every, "min_period": self.min_period, "max_period": self.max_period,
                 "probe_every": self.probe_every, "enter_gain": self.enter_gain, "leave_gain": self.leave_gain,
                 "raise_ratio": self.raise_ratio, "lower_ratio": self.lower_ratio, "drift_bound": self.drift_bound,
-                "switch_early": self.switch_early}
+                "switch_early": self.switch_early, "first_period": self.first_period}
 
     @classmethod
     def resolve(cls, policy, average_every=1, global_every=0):
@@ -209,7 +225,7 @@ class Decision(NamedTuple):
 
         >>> d = initial_decision(AdaptivePolicy())
         >>> d.mode, d.period, sorted(d.as_dict())[:3]
-        ('group', 1, ['compute_seconds', 'costliest_group_seconds', 'drift'])
+        ('group', 8, ['compute_seconds', 'costliest_group_seconds', 'drift'])
     """
     step: int
     mode: str
@@ -236,18 +252,19 @@ class Decision(NamedTuple):
 
 
 def initial_decision(policy):
-    """Before any figure: group averages at the shortest period, for the first window, at whose end the
-    ranks gather their figures and decide: they start with the cheap average, and pay for a global one only
-    where it costs about what a group average does (see :func:`decide`).
+    """Before any figure: group averages every ``first_period`` steps (the longest period by default), for
+    the first window, at whose end the ranks gather their figures and decide: they start with the cheap
+    average, and few of them, whose cost they do not know yet, and pay for a global one only where it costs
+    about what a group average does (see :func:`decide`). The next window starts from the shortest period.
 
     Example::
 
         >>> d = initial_decision(AdaptivePolicy(min_period=2, max_period=4, decide_every=8))
         >>> d.mode, d.period
-        ('group', 2)
+        ('group', 4)
     """
     nan = float("nan")
-    return Decision(-1, GROUP, policy.min_period, False, nan, nan, nan, nan, nan, nan, "start")
+    return Decision(-1, GROUP, policy.first_period, False, nan, nan, nan, nan, nan, nan, "start")
 
 
 def _least(a, b):
@@ -319,7 +336,8 @@ def decide(figures, previous, policy, step):
     group_cost = _typical(figures[:, 2], previous.group_seconds)
     drift = _largest(figures[:, 3], float("nan"))
     costliest_group = _typical(figures[:, 4], previous.costliest_group_seconds)
-    mode, period, reasons = previous.mode, previous.period, []
+    # The first window's period is its own (first_period): the next starts from the shortest.
+    mode, period, reasons = previous.mode, policy.min_period if previous.is_start else previous.period, []
     gain = share = float("nan")
     # Before any global average was measured, the costliest group average stands in for one.
     estimated = not math.isfinite(global_cost) and math.isfinite(costliest_group)
@@ -372,6 +390,13 @@ def _median(values):
     return float(np.median(values)) if values else float("nan")
 
 
+def _lower_median(values):
+    """The median of ``values``, the lower of the two middle ones for an even count (of a window's two
+    group averages, one at a bridge step, the cheaper: what a group average costs where it waits for no
+    bridge; see :meth:`AdaptiveState.figures`)."""
+    return float(sorted(values)[(len(values) - 1) // 2]) if values else float("nan")
+
+
 class AdaptiveState:
     """One rank's adaptive policy at run time: the decision in force, this window's measurements, the step
     of the schedule. Adapters call :meth:`action` for each step, send :meth:`carried_figures` along the
@@ -408,12 +433,12 @@ class AdaptiveState:
         'group'
     """
 
-    def __init__(self, policy, warmup_steps=0, crosses=None):
+    def __init__(self, policy, warmup_steps=0, crosses=None, first_average=0):
         self.policy = policy
         self.warmup_steps = warmup_steps
         self._crosses = crosses
         self.decision = initial_decision(policy)
-        self.averages = 0  # the averages so far, after warm-up: the schedule's step
+        self.averages = first_average  # the schedule's step after warm-up: one more per average
         self._last_global = float("nan")  # the last global average's seconds, across windows, in this mode
         self._early_says_group = False  # the last early check's figures said: group averages
         self._start_window()
@@ -541,7 +566,7 @@ class AdaptiveState:
         crossed the racks (``crosses``), or every one where that is unknown."""
         nan = float("nan")
         fewest, costliest = min(self._samples[GLOBAL][-2:], default=nan), max(self._samples["crossing"], default=nan)
-        return np.array([[_median(self._samples["compute"]), fewest, _median(self._samples[GROUP]), self._drift,
+        return np.array([[_median(self._samples["compute"]), fewest, _lower_median(self._samples[GROUP]), self._drift,
                           costliest]], dtype=np.float64)
 
     def is_early_check(self, step):

@@ -125,9 +125,13 @@ class SyncPlan:
         self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
                                       seed=seed, topology=topology, **(schedule_options or {}))
         self._window = None
-        self.adaptive = None if adaptive is None else AdaptiveState(
-            AdaptivePolicy.resolve(adaptive, average_every, global_every), warmup_steps,
-            crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)))
+        if adaptive is not None:
+            adaptive = AdaptivePolicy.resolve(adaptive, average_every, global_every)
+            self.adaptive = AdaptiveState(
+                adaptive, warmup_steps, crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)),
+                first_average=first_crossing(self.schedule, warmup_steps, adaptive.decide_every // adaptive.first_period))
+        else:
+            self.adaptive = None
 
     def _schedule_step(self, step):
         return (self.adaptive or self.policy).schedule_step(step)
@@ -182,6 +186,30 @@ class SyncPlan:
         if self.adaptive is not None:
             config["adaptive"] = self.adaptive.policy.config()
         return config
+
+
+def first_crossing(schedule, warmup_steps, averages, horizon=256):
+    """The schedule's step, counted from ``warmup_steps``, at which an adaptive policy's first window of
+    ``averages`` averages should start so that its last average crosses the racks (a bridge step of the
+    topology-aware schedule): the first decision then has a crossing's cost to go on (see
+    :func:`hvd_dssync.adaptive.decide`). 0 where no step within ``horizon`` crosses (a schedule that knows
+    no racks). No communication.
+
+    Example::
+
+        >>> from hvd_dssync.schedules import TopologyAware
+        >>> from hvd_dssync.topology import Topology
+        >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=3)  # the bridge: steps 3, 7, ...
+        >>> first_crossing(t, 0, 2), first_crossing(t, 0, 4), first_crossing(t, 5, 1)
+        (2, 0, 2)
+    """
+    for start in range(horizon):
+        crossing = [schedule.crosses(group) for group in schedule.groups(warmup_steps + start + averages - 1)]
+        if None in crossing:  # the schedule knows no racks
+            return 0
+        if any(crossing):
+            return start
+    return 0
 
 
 def arguments_for_world(arguments, world_size):
@@ -359,4 +387,4 @@ def check_agreement(gathered, what="hvd_dssync"):
     return ranks
 
 
-__all__ += ["BSP", "GLOBAL", "GROUP", "LOCAL"]
+__all__ += ["first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]

@@ -175,6 +175,33 @@ def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected)
     assert decide(everyone, initial_decision(plans[0].adaptive.policy), plans[0].adaptive.policy, 15).mode == GLOBAL
 
 
+@pytest.mark.parametrize("bridge, waited, expected", [(0.3, 0.25, GROUP), (0.12, 0.1, GLOBAL)])
+def test_a_first_window_at_the_longest_period_ends_at_a_bridge(bridge, waited, expected):
+    """With ``first_period=8`` the first window of 16 steps holds two averages: the schedule starts where
+    they are the last step inside the racks and a bridge (``first_crossing``). Each rank's group figure is
+    the cheaper of the two (the lower median), not their mean: the ranks that stay in their racks at the
+    bridge step wait for it, which is no group average's cost. Behind a slow link the ranks keep group
+    averages, on a fast network they average globally; either way the next window averages every 4 steps."""
+    policy = AdaptivePolicy(decide_every=16, min_period=4, max_period=8, first_period=8).config()
+    racks = Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]])
+    plans = [SyncPlan(rank, 8, schedule="topology", topology=racks, adaptive=policy, average_every=4)
+             for rank in range(8)]
+    averaged = []
+    for step in range(16):
+        for plan in plans:
+            action = plan.action(step)
+            if plan.rank == 0 and action.kind != LOCAL:
+                averaged.append((step, action.group))
+            seconds = (bridge if len(action.group) == 2 else waited) if step == 15 else 0.1
+            plan.adaptive.record(action.kind, seconds if action.kind == GROUP else NAN, 0.01)
+    assert averaged == [(7, (0, 1, 2, 3)), (15, (0, 4))]  # inside the rack, then the bridge
+    figures = np.concatenate([plan.adaptive.figures() for plan in plans])
+    assert figures[:, 2].tolist() == [0.1] * 8
+    decisions = [plan.adaptive.conclude(15, figures) for plan in plans]
+    assert {(d.mode, d.period) for d in decisions} == {(expected, 4)}, decisions[0]
+    assert [step for step in range(16, 32) if plans[0].action(step).kind != LOCAL] == [19, 23, 27, 31]
+
+
 def test_a_link_that_slows_inside_a_window_shows_at_its_end():
     """Each rank's global figure is the fewer seconds of the window's last two global averages: a link that
     slowed after the window's first average (steps 23 and 27 slow, 19 fast) switches at the window's end
@@ -321,9 +348,9 @@ def test_a_straggler_s_partners_waiting_in_their_group_averages_bring_global_ave
 
 
 def test_probes_give_the_mode_not_in_use_fresh_figures():
-    p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2)
+    p = AdaptivePolicy(decide_every=8, max_period=2, probe_every=2, first_period=1)
     state = AdaptiveState(p, warmup_steps=1)
-    # The first window: group averages only (the ranks gather their figures at its end).
+    # The first window: group averages only, here every step (the ranks gather their figures at its end).
     assert [state.action(t) for t in range(10)] == ["bsp"] + [GROUP] * 9
     assert state.is_decision_step(8) and not state.rides_along(8)
     # Global averages: no probe (the group figure is kept from the last group window).
@@ -375,6 +402,8 @@ def test_drift_from_norms():
     (dict(raise_ratio=1.5, lower_ratio=1.8), "Arg ``lower_ratio``"),
     (dict(drift_bound=-1.0), "Arg ``drift_bound``"),
     (dict(switch_early="sometimes"), "Arg ``switch_early`` must be True, False or 'exchange'"),
+    (dict(first_period=0), "Arg ``first_period`` must be a positive integer"),
+    (dict(max_period=8, first_period=3), "Arg ``first_period`` must be one of the periods the policy may choose"),
 ])
 def test_bad_settings_name_the_argument(bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -384,6 +413,8 @@ def test_bad_settings_name_the_argument(bad, message):
 def test_resolve():
     assert AdaptivePolicy.resolve(None) is None and AdaptivePolicy.resolve("fixed") is None
     assert AdaptivePolicy.resolve("adaptive", average_every=2).periods() == (2, 4, 8, 16)
+    resolved = AdaptivePolicy.resolve(AdaptivePolicy(decide_every=16, first_period=8), average_every=4)
+    assert (resolved.periods(), resolved.first_period) == ((4, 8), 8)
     with pytest.raises(ValueError, match="Arg ``policy``"):
         AdaptivePolicy.resolve("sometimes")
     with pytest.raises(ValueError, match="Arg ``global_every``"):
@@ -418,8 +449,9 @@ def test_simulator_replays_a_changing_network(tmp_path):
     out = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                           policy=AdaptivePolicy(decide_every=16))
     switches = [(d["step"], d["mode"]) for d in out["decisions"] if d["reason"] != "unchanged"]
-    # The first window's probe finds the network fast; t = 30 s falls inside the window 80-95.
-    assert switches == [(15, GLOBAL), (89, GROUP), (255, GLOBAL)]
+    # The first window (two averages, every 8 steps) finds the network fast; t = 30 s falls inside the
+    # window 80-95, whose early checks switch before its end.
+    assert switches == [(15, GLOBAL), (94, GROUP), (255, GLOBAL)]
     assert out["seconds"]["adaptive"] < out["seconds"]["global"]
     at_ends = replay_adaptive(world_size=16, steps=512, cross_rack_gbps=40, rate_changes=changes,
                               policy=AdaptivePolicy(decide_every=16, switch_early=False))

@@ -37,6 +37,7 @@ DSSYNC_CONTENDERS = {
     "dssync-adaptive": ("topology", True),
     "dssync-adaptive-mode": ("topology", True),
     "dssync-adaptive-exchange": ("topology", True),
+    "dssync-adaptive-first4": ("topology", True),
     "dssync-local-idle-sets": ("one group", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
@@ -49,9 +50,11 @@ FP16 = {"dssync-topology-local-fp16"}
 # Contenders that choose global or group averages and the period as they go (``policy="adaptive"``).
 # They start from the local-step contenders' period and decide every 16 steps (four averages), so that a
 # run of a few hundred steps sees them decide several times; "-mode" keeps the period and chooses only
-# between global and group averages; "-exchange" exchanges the early checks' figures before their averages.
+# between global and group averages; "-exchange" exchanges the early checks' figures before their averages;
+# "-first4" averages every 4 steps in the first window too (four averages, not two: the previous default).
 POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"decide_every": 16, "max_period": 4},
-          "dssync-adaptive-exchange": {"decide_every": 16, "switch_early": "exchange"}}
+          "dssync-adaptive-exchange": {"decide_every": 16, "switch_early": "exchange"},
+          "dssync-adaptive-first4": {"decide_every": 16, "first_period": 4}}
 # Contenders whose Horovod also registers another contender's process sets, which they leave idle: what
 # the registered sets alone cost (Horovod negotiates every registered set on every cycle).
 IDLE_SETS = {"dssync-local-idle-sets": "dssync-topology-local"}
