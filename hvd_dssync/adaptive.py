@@ -112,8 +112,8 @@ class AdaptivePolicy:
             ``max_period``. Its averages are group averages whose cost the ranks do not know yet, and on a
             fast network they cost more than the global ones that follow (Horovod negotiates every process
             set on every cycle), so the first window makes few: with the bench's ``decide_every=16`` and
-            ``average_every=4``, two (the last step inside the racks and a bridge) instead of four, 1.05x
-            the best fixed choice's time on a steady network instead of 1.18x (docs/benchmarks.md). The
+            ``average_every=4``, two (the last step inside the racks and a bridge) instead of four: 1.03x
+            and 1.06x the best fixed choice's time on a steady network, against 1.18x (docs/benchmarks.md). The
             models drift apart a little more in the first window; every later window starts from the
             shortest period (``average_every``).
 

@@ -125,13 +125,13 @@ class SyncPlan:
         self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
                                       seed=seed, topology=topology, **(schedule_options or {}))
         self._window = None
+        self.adaptive = None
         if adaptive is not None:
             adaptive = AdaptivePolicy.resolve(adaptive, average_every, global_every)
+            first_window = adaptive.decide_every // adaptive.first_period  # averages
             self.adaptive = AdaptiveState(
                 adaptive, warmup_steps, crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)),
-                first_average=first_crossing(self.schedule, warmup_steps, adaptive.decide_every // adaptive.first_period))
-        else:
-            self.adaptive = None
+                first_average=first_crossing(self.schedule, warmup_steps, first_window))
 
     def _schedule_step(self, step):
         return (self.adaptive or self.policy).schedule_step(step)

@@ -601,7 +601,8 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
     everyone = _as_arrays((tuple(range(world_size)),))
 
     def run(forced):
-        state = AdaptiveState(policy, first_average=first_crossing(schedule, 0, policy.decide_every // policy.first_period))
+        first_window = policy.decide_every // policy.first_period  # averages
+        state = AdaptiveState(policy, first_average=first_crossing(schedule, 0, first_window))
         clock, pending, cache, decisions = 0.0, list(rate_changes), {}, []
         rates = {"inter": float(cross_rack_gbps), "intra": float(intra_rack_gbps)}
         for step in range(steps):
