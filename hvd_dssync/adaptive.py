@@ -112,10 +112,10 @@ class AdaptivePolicy:
             ``max_period``. Its averages are group averages whose cost the ranks do not know yet, and on a
             fast network they cost more than the global ones that follow (Horovod negotiates every process
             set on every cycle), so the first window makes few: with the bench's ``decide_every=16`` and
-            ``average_every=4``, two (the last step inside the racks and a bridge) instead of four: 1.03x
-            and 1.06x the best fixed choice's time on a steady network, against 1.18x (docs/benchmarks.md). The
-            models drift apart a little more in the first window; every later window starts from the
-            shortest period (``average_every``).
+            ``average_every=4``, two (the last step inside the racks and a bridge) instead of four: 1.03x,
+            1.06x and 0.97x the best fixed choice's time on a steady network in three bench runs, against
+            1.18x (docs/benchmarks.md). The models drift apart a little more in the first window; every
+            later window starts from the shortest period (``average_every``).
 
     Example::
 
@@ -169,6 +169,10 @@ class AdaptivePolicy:
         while out[-1] < self.max_period:
             out.append(min(2 * out[-1], self.max_period))
         return tuple(out)
+
+    def first_averages(self):
+        """The averages of the first window: ``decide_every / first_period``."""
+        return self.decide_every // self.first_period
 
     def config(self):
         return {"decide_every": self.decide_every, "min_period": self.min_period, "max_period": self.max_period,

@@ -128,10 +128,9 @@ class SyncPlan:
         self.adaptive = None
         if adaptive is not None:
             adaptive = AdaptivePolicy.resolve(adaptive, average_every, global_every)
-            first_window = adaptive.decide_every // adaptive.first_period  # averages
             self.adaptive = AdaptiveState(
                 adaptive, warmup_steps, crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)),
-                first_average=first_crossing(self.schedule, warmup_steps, first_window))
+                first_average=first_crossing(self.schedule, warmup_steps, adaptive.first_averages()))
 
     def _schedule_step(self, step):
         return (self.adaptive or self.policy).schedule_step(step)

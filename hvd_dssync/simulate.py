@@ -599,10 +599,10 @@ def replay_adaptive(world_size=64, rack_size=8, steps=1000, rate_changes=(), int
     rack_size = _check_int("rack_size", rack_size, 1) if world_size > rack_size else max(1, world_size // 2)
     schedule = TopologyAware(rack_topology(world_size, rack_size))
     everyone = _as_arrays((tuple(range(world_size)),))
+    first_average = first_crossing(schedule, 0, policy.first_averages())
 
     def run(forced):
-        first_window = policy.decide_every // policy.first_period  # averages
-        state = AdaptiveState(policy, first_average=first_crossing(schedule, 0, first_window))
+        state = AdaptiveState(policy, first_average=first_average)
         clock, pending, cache, decisions = 0.0, list(rate_changes), {}, []
         rates = {"inter": float(cross_rack_gbps), "intra": float(intra_rack_gbps)}
         for step in range(steps):
