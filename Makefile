@@ -1,10 +1,9 @@
 # hvd_dssync: `make demo` runs the main job, `make test` runs the tests; both set up what is missing.
 VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-SETUP_STAMP := $(VENV)/.setup-done
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core bench bench-loopback bench-sparse simulate docs-check clean
+.PHONY: setup demo test test-core bench bench-report bench-loopback bench-sparse simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,7 +18,11 @@ test-core: setup
 	$(PY) -m pytest tests -m "not multirank"
 
 bench: setup
-	$(PY) -m hvd_dssync bench --steps 400 --max-train-seconds 45
+	$(PY) -m hvd_dssync bench --steps 400 --max-train-seconds 45 --out bench-results
+
+# Rebuild bench-results/results.md (the tables and the targets) from an existing bench-results/results.json.
+bench-report:
+	$(PY) -m hvd_dssync bench --report-only --out bench-results
 
 bench-loopback: setup
 	$(PY) scripts/loopback_bench.py --np 4 --params 1
@@ -33,5 +36,12 @@ simulate: setup
 docs-check: setup
 	$(PY) -m pytest tests/test_docs.py
 
+# Build artefacts, bench results and caches; the virtual environment (with its patched Horovod) stays.
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf build *.egg-info .pytest_cache .hypothesis bench-results
+	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# Everything clean removes, and the virtual environment: the next `make` rebuilds it (Horovod's build
+# comes from the wheel cached in ~/.cache/hvd_dssync/ when there is one).
+distclean: clean
+	rm -rf $(VENV)

@@ -9,6 +9,7 @@ server started here, never ``horovodrun``. Without root or network namespaces th
 loopback (unshaped, one scenario) and says so.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -80,11 +81,35 @@ def build_parser():
     p.add_argument("--out", default="bench-results", help="folder for results.json, results.md and the PNGs")
     p.add_argument("--loopback", action="store_true", help="run on loopback even where namespaces work")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild results.md from the results.json in --out")
     return p
+
+
+def _write_markdown(payload, out):
+    text = report.render_markdown(payload)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def report_only(out):
+    """Rebuild ``out``/results.md from ``out``/results.json, running nothing (``make bench-report``)."""
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        print(f"bench: no {path}; run the bench first (make bench)", file=sys.stderr)
+        return 2
+    with open(path) as f:
+        payload = json.load(f)
+    print(_write_markdown(payload, out), end="")
+    print(f"bench: wrote {out}/results.md from {path}")
+    return 0
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.report_only:
+        return report_only(args.out)
     if args.ranks < 2 or args.racks < 1 or args.ranks % args.racks:
         print("bench: --ranks must be at least 2 and a multiple of --racks", file=sys.stderr)
         return 2
@@ -161,15 +186,8 @@ def main(argv=None):
                "targets": [{"target": t, "met": m, "figures": f} for t, m, f in checks],
                "wall_seconds": time.monotonic() - started, "cpu_count": os.cpu_count()}
     report.write_json(os.path.join(args.out, "results.json"), payload)
-    table = report.markdown_table(rows, args.target)
-    lines = [table, ""]
-    if args.repeat > 1:
-        lines += [f"Targets judged on the medians of {args.repeat} runs each.", ""]
-    for t, m, f in checks:
-        lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n" + "\n".join(lines))
+    text = _write_markdown(payload, args.out)
+    print("\n" + text)
     if not args.no_plots and rows:
         from .plot import plot_results
         for path in plot_results(payload, args.out):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 
 __all__ = ["summarize", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets",
-           "PYTORCH_AVERAGERS"]
+           "render_markdown", "PYTORCH_AVERAGERS"]
 
 
 def _ring_crossings(group, rack_of):
@@ -311,3 +311,15 @@ def targets(rows):
 def write_json(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=float)
+
+
+def render_markdown(payload):
+    """results.md from a bench payload (``results.json``): the table of :func:`markdown_table` and every
+    target of :func:`targets`, checked again on the payload's rows."""
+    rows = payload["rows"]
+    lines = [markdown_table(rows, payload["config"]["target"]), ""]
+    if payload.get("repeat", 1) > 1:
+        lines += [f"Targets judged on the medians of {payload['repeat']} runs each.", ""]
+    for t, m, f in targets(rows):
+        lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
+    return "\n".join(lines) + "\n"
