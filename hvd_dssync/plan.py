@@ -15,7 +15,7 @@ import numpy as np
 
 from .adaptive import AdaptivePolicy, AdaptiveState
 from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
-from .schedules import make_schedule
+from .schedules import make_schedule, refuse_sizes_with_topology
 from .topology import ENV_VAR as TOPOLOGY_ENV
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
@@ -74,7 +74,10 @@ def resolve_schedule(schedule, num_groups, group_size, topology):
     ``schedule=None`` (the adapters' default) is "topology" when the racks are known (``topology=`` or the
     ``HVD_DSSYNC_TOPOLOGY`` variable), else "shuffle". A "shuffle" without ``num_groups`` or ``group_size``
     takes :func:`default_group_size` when the world size is known (it is left ``None`` here and filled by
-    :class:`SyncPlan`). No communication.
+    :class:`SyncPlan`). ``num_groups`` or ``group_size`` with a topology-aware schedule (asked for, or the
+    default where the racks are known) raises a ``ValueError`` naming the argument: that schedule's groups
+    are the racks and their bridges. A pure function of its arguments and the environment: every rank
+    decides alike. No communication.
 
     Example::
 
@@ -82,9 +85,21 @@ def resolve_schedule(schedule, num_groups, group_size, topology):
         ('shuffle', None, None)
         >>> resolve_schedule(None, None, None, [[0, 1], [2, 3]])[0]
         'topology'
+        >>> resolve_schedule(None, 3, None, [[0, 1], [2, 3]])
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``num_groups`` does not apply to the default schedule, topology-aware since ``topology`` ...
     """
+    why = "schedule='topology'"
     if schedule is None:
-        schedule = "topology" if topology is not None or os.environ.get(TOPOLOGY_ENV) else "shuffle"
+        if topology is not None:
+            schedule, why = "topology", "the default schedule, topology-aware since ``topology`` is given,"
+        elif os.environ.get(TOPOLOGY_ENV):
+            schedule, why = "topology", f"the default schedule, topology-aware since {TOPOLOGY_ENV} is set,"
+        else:
+            schedule = "shuffle"
+    if schedule == "topology":
+        refuse_sizes_with_topology(num_groups, group_size, why)
     return schedule, num_groups, group_size
 
 
@@ -173,12 +188,6 @@ class SyncPlan:
         release = () if self._window is None else self.schedule.window_groups(self._window)
         self._window = window
         return acquire, release
-
-    def forget_window(self):
-        """The groups of the window in use, now released by the caller (e.g. at shutdown)."""
-        groups = () if self._window is None else self.schedule.window_groups(self._window)
-        self._window = None
-        return groups
 
     def config(self):
         config = {"schedule": self.schedule.config(), "policy": self.policy.config()}

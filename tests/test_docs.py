@@ -134,7 +134,9 @@ def test_keras_synthetic_benchmark_example_runs(tmp_path):
     assert result["name"] == "dssync-butterfly" and result["ranks"] == 2 and result["step_ms"] > 0
 
 
-DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.topology", "hvd_dssync.policy", "hvd_dssync.plan",
+DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.schedules.base", "hvd_dssync.schedules.shuffle",
+                   "hvd_dssync.schedules.butterfly", "hvd_dssync.schedules.topology_aware",
+                   "hvd_dssync.schedules.user", "hvd_dssync.topology", "hvd_dssync.policy", "hvd_dssync.plan",
                    "hvd_dssync.scope", "hvd_dssync.simulate.mixing", "hvd_dssync.simulate.links",
                    "hvd_dssync.simulate.table", "hvd_dssync.simulate.replay", "hvd_dssync.guards", "hvd_dssync.__main__",
                    "hvd_dssync.bench.scenarios", "hvd_dssync.bench.worker", "hvd_dssync.adaptive.settings",

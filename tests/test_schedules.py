@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hvd_dssync.plan import SyncPlan, resolve_schedule
-from hvd_dssync.schedules import Butterfly, Shuffle, TopologyAware, UserSchedule, _connects, make_schedule
+from hvd_dssync.schedules import Butterfly, Shuffle, TopologyAware, UserSchedule, make_schedule
+from hvd_dssync.schedules.shuffle import _connects
 from hvd_dssync.simulate import consensus_error
 from hvd_dssync.topology import Topology
 
@@ -340,6 +341,26 @@ def test_default_schedule_follows_known_racks(monkeypatch):
     assert SyncPlan(0, 4, schedule=None, topology=Topology.from_racks([[0, 1], [2, 3]])).schedule.config()["name"] == "topology"
     monkeypatch.setenv("HVD_DSSYNC_TOPOLOGY", '{"racks": [[0, 1], [2, 3]]}')
     assert resolve_schedule(None, None, None, None)[0] == "topology"
+
+
+@pytest.mark.parametrize("arguments,named", [({"num_groups": 3}, "num_groups"), ({"group_size": 2}, "group_size")])
+def test_group_sizes_are_refused_under_the_topology_aware_schedule(monkeypatch, arguments, named):
+    """num_groups and group_size have nothing to set in the topology-aware schedule: refused, not dropped."""
+    monkeypatch.delenv("HVD_DSSYNC_TOPOLOGY", raising=False)
+    racks = Topology.from_racks([[0, 1], [2, 3]])
+    for schedule, topology in (("topology", racks), (None, racks)):
+        with pytest.raises(ValueError, match=f"``{named}`` does not apply to .*racks and their bridges"):
+            SyncPlan(0, 4, schedule=schedule, topology=topology, **arguments)
+    with pytest.raises(ValueError, match=f"``{named}``.*topology-aware since ``topology`` is given"):
+        resolve_schedule(None, arguments.get("num_groups"), arguments.get("group_size"), [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match=f"``{named}`` does not apply to schedule='topology'"):
+        make_schedule("topology", 4, topology=racks, **arguments)
+    monkeypatch.setenv("HVD_DSSYNC_TOPOLOGY", '{"racks": [[0, 1], [2, 3]]}')
+    with pytest.raises(ValueError, match=f"``{named}``.*since HVD_DSSYNC_TOPOLOGY is set"):
+        resolve_schedule(None, arguments.get("num_groups"), arguments.get("group_size"), None)
+    # the same arguments with a schedule that has sizes are as before; the racks alone still choose "topology"
+    assert resolve_schedule("shuffle", arguments.get("num_groups"), arguments.get("group_size"), None)[0] == "shuffle"
+    assert SyncPlan(0, 4, schedule=None, topology=racks).schedule.config()["name"] == "topology"
 
 
 def test_local_steps_use_every_partition():

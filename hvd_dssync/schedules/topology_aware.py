@@ -1,0 +1,111 @@
+"""Averaging inside racks, crossing the slow links with few groups (:class:`TopologyAware`)."""
+import math
+
+from .base import Schedule, _check_int, canonical_partition
+
+__all__ = ["TopologyAware"]
+
+
+class TopologyAware(Schedule):
+    """Keep averaging inside racks; cross each slow link with at most ``max_cross_groups`` groups.
+
+    A period is ``intra_steps`` steps in which every rack averages on its own, then one *bridge* step in
+    which ``max_cross_groups`` bridge ranks from each rack form groups across all racks while the rest of
+    each rack averages inside the rack.
+
+    The bridge ranks stay the same by default: after a step inside the racks every member of a rack holds
+    the rack's model, so whichever member crosses carries the same thing, and each rank is in two process
+    sets (its rack, and its bridge group or the rest of its rack). Horovod negotiates every set a rank
+    belongs to on every cycle, so fewer sets make every collective cheaper (docs/tuning.md has the bench's
+    figure against bridges that rotate). With ``rotate_every`` the bridge ranks change every
+    that many periods, each window holding one choice of bridges; ``intra_steps=0`` needs it, since the
+    bridge ranks would otherwise never average with their own racks.
+
+    Args:
+        topology: a :class:`hvd_dssync.topology.Topology`.
+        intra_steps: rack-local steps between bridge steps (0 makes every step a bridge step).
+        max_cross_groups: groups that may cross the slow links at a bridge step.
+        rotate_every: periods before the bridge ranks change; ``None`` (the default) keeps the first
+            bridges forever (one endless window: static process sets).
+
+    Example::
+
+        >>> from hvd_dssync.topology import Topology
+        >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=1)
+        >>> t.groups(0), t.groups(1)
+        (((0, 1), (2, 3)), ((0, 2), (1,), (3,)))
+    """
+
+    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None):
+        self.topology = topology
+        self.world_size = topology.world_size
+        self.intra_steps = _check_int("intra_steps", intra_steps, 0)
+        self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
+        self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
+        self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
+        self._rack_of = {rank: i for i, rack in enumerate(self.racks) for rank in rack}
+        # Fixed bridges with no step inside the racks leave a rack's other ranks apart from its bridges for
+        # good, unless every rack is one rank (then the bridge group is everyone).
+        if self.rotate_every is None and self.intra_steps == 0 and len(self.racks) > 1 \
+                and any(len(r) > 1 for r in self.racks):
+            raise ValueError("Arg ``rotate_every``: fixed bridges (None) need ``intra_steps`` >= 1; with "
+                             "intra_steps=0 the bridge ranks would never average with their own racks. "
+                             "Pass rotate_every=1 (or more).")
+        self.window_steps = None if self.rotate_every is None else (self.intra_steps + 1) * self.rotate_every
+        self._cache = {}
+
+    def partitions(self, window):
+        cached = self._cache.get(window)
+        if cached is None:
+            intra = canonical_partition(self.racks)
+            cached = (intra,) * self.intra_steps + (self._bridge_partition(window),)
+            self._cache = {window: cached}
+        return cached
+
+    def _bridge_partition(self, window):
+        if len(self.racks) == 1:
+            return canonical_partition(self.racks)
+        bridges = [[] for _ in range(self.max_cross_groups)]
+        stay = []
+        for rack in self.racks:
+            chosen = set()
+            for k in range(min(self.max_cross_groups, len(rack))):
+                rank = rack[(window * self.max_cross_groups + k) % len(rack)]
+                bridges[k].append(rank)
+                chosen.add(rank)
+            rest = [r for r in rack if r not in chosen]
+            if rest:
+                stay.append(rest)
+        return canonical_partition([b for b in bridges if b] + stay)
+
+    def crosses(self, group):
+        """Whether ``group`` spans more than one rack (a bridge group does).
+
+        Example::
+
+            >>> from hvd_dssync.topology import Topology
+            >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]))
+            >>> t.crosses((0, 2)), t.crosses((2, 3))
+            (True, False)
+        """
+        return len({self._rack_of[r] for r in group}) > 1
+
+    def windows_repeat(self):
+        """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``
+        windows; the schedule's after the least common multiple over its racks.
+
+        Example::
+
+            >>> from hvd_dssync.topology import Topology
+            >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5, 6, 7]]), rotate_every=25)
+            >>> t.windows_repeat(), len(t.every_group())
+            (4, 14)
+        """
+        if self.window_steps is None:
+            return 1
+        return math.lcm(*(len(r) // math.gcd(len(r), self.max_cross_groups) for r in self.racks))
+
+    def config(self):
+        return {"name": "topology", "world_size": self.world_size, "racks": [list(r) for r in self.racks],
+                "intra_steps": self.intra_steps, "max_cross_groups": self.max_cross_groups,
+                "rotate_every": self.rotate_every}
