@@ -7,16 +7,13 @@ were configured alike, naming the argument and the values where they were not.
 """
 import hashlib
 import json
-import math
-import os
 from typing import NamedTuple
 
 import numpy as np
 
 from .adaptive import AdaptivePolicy, AdaptiveState
+from .config import SyncConfig, arguments_for_world, build_schedule, default_group_size, resolve_schedule
 from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
-from .schedules import make_schedule, refuse_sizes_with_topology
-from .topology import ENV_VAR as TOPOLOGY_ENV
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
            "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world"]
@@ -43,64 +40,6 @@ def ring_allreduce_bytes(group_size, nbytes):
         (1500, 0)
     """
     return 0 if group_size <= 1 else 2 * (group_size - 1) * nbytes // group_size
-
-
-def default_group_size(world_size):
-    """The group size of the default schedule (random groups, "shuffle") for ``world_size`` ranks.
-
-    - up to 3 ranks: one group of all ranks (smaller groups would leave a rank alone every other step);
-    - 4 to 7 ranks: two groups (pairs for 4 ranks, as the DS-Sync authors' 4-worker code);
-    - 8 ranks and more: groups of 4. Per step each rank sends ``2 (g - 1) / g`` models in its group's ring
-      (1.5 models for ``g = 4``, 1 for pairs) while a random group of ``g`` shrinks the distance from
-      consensus about ``g``-fold, so groups of 4 mix faster per byte sent than pairs, and each rank
-      still belongs to only two process sets (the schedule's two partitions), which Horovod negotiates on
-      every cycle. Larger groups approach bulk-synchronous averaging and its wait for the slowest member.
-
-    Example::
-
-        >>> [default_group_size(n) for n in (1, 2, 3, 4, 5, 7, 8, 64)]
-        [1, 2, 3, 2, 3, 4, 4, 4]
-    """
-    if world_size <= 3:
-        return world_size
-    if world_size <= 7:
-        return math.ceil(world_size / 2)
-    return 4
-
-
-def resolve_schedule(schedule, num_groups, group_size, topology):
-    """The schedule an optimizer built without DS-Sync arguments uses: ``(schedule, num_groups, group_size)``.
-
-    ``schedule=None`` (the adapters' default) is "topology" when the racks are known (``topology=`` or the
-    ``HVD_DSSYNC_TOPOLOGY`` variable), else "shuffle". A "shuffle" without ``num_groups`` or ``group_size``
-    takes :func:`default_group_size` when the world size is known (it is left ``None`` here and filled by
-    :class:`SyncPlan`). ``num_groups`` or ``group_size`` with a topology-aware schedule (asked for, or the
-    default where the racks are known) raises a ``ValueError`` naming the argument: that schedule's groups
-    are the racks and their bridges. A pure function of its arguments and the environment: every rank
-    decides alike. No communication.
-
-    Example::
-
-        >>> resolve_schedule(None, None, None, None)
-        ('shuffle', None, None)
-        >>> resolve_schedule(None, None, None, [[0, 1], [2, 3]])[0]
-        'topology'
-        >>> resolve_schedule(None, 3, None, [[0, 1], [2, 3]])
-        Traceback (most recent call last):
-        ...
-        ValueError: Arg ``num_groups`` does not apply to the default schedule, topology-aware since ``topology`` ...
-    """
-    why = "schedule='topology'"
-    if schedule is None:
-        if topology is not None:
-            schedule, why = "topology", "the default schedule, topology-aware since ``topology`` is given,"
-        elif os.environ.get(TOPOLOGY_ENV):
-            schedule, why = "topology", f"the default schedule, topology-aware since {TOPOLOGY_ENV} is set,"
-        else:
-            schedule = "shuffle"
-    if schedule == "topology":
-        refuse_sizes_with_topology(num_groups, group_size, why)
-    return schedule, num_groups, group_size
 
 
 class SyncPlan:
@@ -132,13 +71,7 @@ class SyncPlan:
         self.world_size = world_size
         self.world = tuple(range(world_size))
         self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every, average_every=average_every)
-        schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
-        if world_size == 1:
-            num_groups, group_size = (1, None) if schedule == "shuffle" else (None, group_size)
-        elif schedule == "shuffle" and num_groups is None and group_size is None:
-            group_size = default_group_size(world_size)
-        self.schedule = make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size,
-                                      seed=seed, topology=topology, **(schedule_options or {}))
+        self.schedule = build_schedule(world_size, schedule, num_groups, group_size, seed, topology, schedule_options)
         self._window = None
         self.adaptive = None
         if adaptive is not None:
@@ -146,6 +79,21 @@ class SyncPlan:
             self.adaptive = AdaptiveState(
                 adaptive, warmup_steps, crosses=lambda step: self.schedule.crosses(self.schedule.group_of(rank, step)),
                 first_average=first_crossing(self.schedule, warmup_steps, adaptive.first_averages()))
+
+    @classmethod
+    def from_config(cls, rank, world_size, config):
+        """The plan of ``rank`` among ``world_size`` ranks for a :class:`hvd_dssync.config.SyncConfig`
+        (its :meth:`~hvd_dssync.config.SyncConfig.plan_arguments`).
+
+        Example::
+
+            >>> from hvd_dssync.config import SyncConfig
+            >>> SyncPlan.from_config(1, 4, SyncConfig(schedule="butterfly")).action(0)
+            Action(kind='group', group=(0, 1))
+        """
+        if not isinstance(config, SyncConfig):
+            raise TypeError(f"Arg ``config`` must be a SyncConfig, got {type(config).__name__}.")
+        return cls(rank, world_size, **config.plan_arguments())
 
     def _schedule_step(self, step):
         return (self.adaptive or self.policy).schedule_step(step)
@@ -218,37 +166,6 @@ def first_crossing(schedule, warmup_steps, averages, horizon=256):
         if any(crossing):
             return start
     return 0
-
-
-def arguments_for_world(arguments, world_size):
-    """The plan's arguments for a world of ``world_size`` ranks, after an elastic change of world.
-
-    ``arguments`` are the keyword arguments the optimizer built its plan with (those of
-    :class:`SyncPlan` but ``rank`` and ``world_size``); the same arguments are returned, with
-    ``num_groups`` and ``group_size`` capped at the new world size (a world that shrank below the requested
-    groups keeps as many as it can). A schedule object or a topology was built for a fixed set of ranks:
-    it raises a ``RuntimeError`` that names it. No communication; both adapters use it.
-
-    Example::
-
-        >>> arguments_for_world({"schedule": "shuffle", "num_groups": 3, "group_size": None}, 2)
-        {'schedule': 'shuffle', 'num_groups': 2, 'group_size': None}
-        >>> arguments_for_world({"schedule": "topology", "topology": [[0, 1], [2]]}, 2)
-        Traceback (most recent call last):
-        ...
-        RuntimeError: hvd_dssync: the world changed to 2 ranks, but the schedule 'topology' was built ...
-    """
-    schedule = arguments.get("schedule", "shuffle")
-    if not (schedule is None or isinstance(schedule, str)) or schedule == "topology" \
-            or arguments.get("topology") is not None:
-        raise RuntimeError(f"hvd_dssync: the world changed to {world_size} ranks, but the schedule {schedule!r} "
-                           "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
-                           "'butterfly'.")
-    arguments = dict(arguments)
-    for key in ("num_groups", "group_size"):
-        if arguments.get(key) is not None:
-            arguments[key] = min(arguments[key], world_size)
-    return arguments
 
 
 def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set):

@@ -1,0 +1,276 @@
+"""DS-Sync's own arguments in one object, validated once, and how they resolve into a schedule.
+
+:class:`SyncConfig` holds the arguments that both adapters' ``DistributedOptimizer`` take for DS-Sync
+(not Horovod's, not the model): it checks them when it is built, naming the argument, turns into plain
+data for checkpoints and the ranks' agreement (:meth:`SyncConfig.to_dict`), and follows an elastic change
+of world (:meth:`SyncConfig.for_world`). :class:`hvd_dssync.plan.SyncPlan` can be built from it
+(``SyncPlan.from_config``).
+
+The functions below resolve the schedule arguments the same way for every caller (the plan, the adapters'
+``init``, the process-set helpers): :func:`resolve_schedule` (the default schedule),
+:func:`default_group_size`, :func:`build_schedule` and :func:`arguments_for_world`. Every one is a pure
+function of its arguments (and ``HVD_DSSYNC_TOPOLOGY``): every rank decides alike, without communicating.
+"""
+import math
+import os
+from dataclasses import dataclass, fields, replace
+
+from .adaptive import AdaptivePolicy
+from .policy import Policy
+from .schedules import SCHEDULE_NAMES, Schedule, make_schedule, refuse_sizes_with_topology
+from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
+
+__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "build_schedule", "arguments_for_world"]
+
+
+def default_group_size(world_size):
+    """The group size of the default schedule (random groups, "shuffle") for ``world_size`` ranks.
+
+    - up to 3 ranks: one group of all ranks (smaller groups would leave a rank alone every other step);
+    - 4 to 7 ranks: two groups (pairs for 4 ranks, as the DS-Sync authors' 4-worker code);
+    - 8 ranks and more: groups of 4. Per step each rank sends ``2 (g - 1) / g`` models in its group's ring
+      (1.5 models for ``g = 4``, 1 for pairs) while a random group of ``g`` shrinks the distance from
+      consensus about ``g``-fold, so groups of 4 mix faster per byte sent than pairs, and each rank
+      still belongs to only two process sets (the schedule's two partitions), which Horovod negotiates on
+      every cycle. Larger groups approach bulk-synchronous averaging and its wait for the slowest member.
+
+    Example::
+
+        >>> [default_group_size(n) for n in (1, 2, 3, 4, 5, 7, 8, 64)]
+        [1, 2, 3, 2, 3, 4, 4, 4]
+    """
+    if world_size <= 3:
+        return world_size
+    if world_size <= 7:
+        return math.ceil(world_size / 2)
+    return 4
+
+
+def resolve_schedule(schedule, num_groups, group_size, topology):
+    """The schedule an optimizer built without DS-Sync arguments uses: ``(schedule, num_groups, group_size)``.
+
+    ``schedule=None`` (the adapters' default) is "topology" when the racks are known (``topology=`` or the
+    ``HVD_DSSYNC_TOPOLOGY`` variable), else "shuffle". A "shuffle" without ``num_groups`` or ``group_size``
+    takes :func:`default_group_size` when the world size is known (it is left ``None`` here and filled by
+    :class:`hvd_dssync.plan.SyncPlan`). ``num_groups`` or ``group_size`` with a topology-aware schedule
+    (asked for, or the default where the racks are known) raises a ``ValueError`` naming the argument: that
+    schedule's groups are the racks and their bridges. A pure function of its arguments and the
+    environment: every rank decides alike. No communication.
+
+    Example::
+
+        >>> resolve_schedule(None, None, None, None)
+        ('shuffle', None, None)
+        >>> resolve_schedule(None, None, None, [[0, 1], [2, 3]])[0]
+        'topology'
+        >>> resolve_schedule(None, 3, None, [[0, 1], [2, 3]])
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``num_groups`` does not apply to the default schedule, topology-aware since ``topology`` ...
+    """
+    why = "schedule='topology'"
+    if schedule is None:
+        if topology is not None:
+            schedule, why = "topology", "the default schedule, topology-aware since ``topology`` is given,"
+        elif os.environ.get(TOPOLOGY_ENV):
+            schedule, why = "topology", f"the default schedule, topology-aware since {TOPOLOGY_ENV} is set,"
+        else:
+            schedule = "shuffle"
+    if schedule == "topology":
+        refuse_sizes_with_topology(num_groups, group_size, why)
+    return schedule, num_groups, group_size
+
+
+def build_schedule(world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0, topology=None,
+                   schedule_options=None):
+    """The schedule of a plan of ``world_size`` ranks: :func:`resolve_schedule`, then the sizes a "shuffle"
+    given none takes (:func:`default_group_size`; one group for one rank), then
+    :func:`hvd_dssync.schedules.make_schedule`. ``topology`` racks given as lists of ranks are parsed
+    (:meth:`hvd_dssync.topology.Topology.parse`). No communication.
+
+    Example::
+
+        >>> build_schedule(4)
+        Shuffle(world_size=4, num_groups=2, seed=0, partitions_per_window=2, window_steps=None)
+        >>> build_schedule(4, None, topology=[[0, 1], [2, 3]]).config()["racks"]
+        [[0, 1], [2, 3]]
+    """
+    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
+    if world_size == 1:
+        num_groups, group_size = (1, None) if schedule == "shuffle" else (None, group_size)
+    elif schedule == "shuffle" and num_groups is None and group_size is None:
+        group_size = default_group_size(world_size)
+    if topology is not None and not isinstance(topology, Topology):
+        topology = Topology.parse(topology)
+    return make_schedule(schedule, world_size, num_groups=num_groups, group_size=group_size, seed=seed,
+                         topology=topology, **(schedule_options or {}))
+
+
+def arguments_for_world(arguments, world_size):
+    """The plan's arguments for a world of ``world_size`` ranks, after an elastic change of world.
+
+    ``arguments`` are the keyword arguments the optimizer built its plan with (those of
+    :class:`hvd_dssync.plan.SyncPlan` but ``rank`` and ``world_size``); the same arguments are returned,
+    with ``num_groups`` and ``group_size`` capped at the new world size (a world that shrank below the
+    requested groups keeps as many as it can). A schedule object or a topology was built for a fixed set of
+    ranks: it raises a ``RuntimeError`` that names it. No communication; both adapters use it.
+
+    Example::
+
+        >>> arguments_for_world({"schedule": "shuffle", "num_groups": 3, "group_size": None}, 2)
+        {'schedule': 'shuffle', 'num_groups': 2, 'group_size': None}
+        >>> arguments_for_world({"schedule": "topology", "topology": [[0, 1], [2]]}, 2)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: hvd_dssync: the world changed to 2 ranks, but the schedule 'topology' was built ...
+    """
+    schedule = arguments.get("schedule", "shuffle")
+    if not (schedule is None or isinstance(schedule, str)) or schedule == "topology" \
+            or arguments.get("topology") is not None:
+        raise RuntimeError(f"hvd_dssync: the world changed to {world_size} ranks, but the schedule {schedule!r} "
+                           "was built for a fixed set of ranks; elastic training needs schedule='shuffle' or "
+                           "'butterfly'.")
+    arguments = dict(arguments)
+    for key in ("num_groups", "group_size"):
+        if arguments.get(key) is not None:
+            arguments[key] = min(arguments[key], world_size)
+    return arguments
+
+
+def _optional_positive_int(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"Arg ``{name}`` must be a positive integer or None, got {value!r}.")
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"Arg ``{name}`` must be True or False, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """DS-Sync's own arguments of one optimizer, validated when built; the errors name the argument.
+
+    The fields are the keyword arguments both adapters' ``DistributedOptimizer`` take for DS-Sync, with
+    their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``overlap``
+    and ``outer_momentum`` act in the PyTorch adapter only). ``schedule`` is a name in
+    ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``policy`` is
+    None, "fixed", "adaptive", an :class:`hvd_dssync.adaptive.AdaptivePolicy` or its ``config()``.
+    Conflicting arguments are refused: ``num_groups`` with ``group_size``, ``num_groups`` with
+    "butterfly", either with the topology-aware schedule, ``global_every`` with the adaptive policy.
+    Validation needs no world size (the sizes are checked against it by :meth:`schedule_for`) and no
+    communication.
+
+    Example::
+
+        >>> config = SyncConfig(num_groups=2, seed=3, average_every=2)
+        >>> config.plan_arguments()["num_groups"], config.to_dict()["seed"]
+        (2, 3)
+        >>> SyncConfig.from_dict(config.to_dict()) == config
+        True
+        >>> config.for_world(1).num_groups
+        1
+        >>> SyncConfig(num_groups=2, group_size=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``group_size``: pass exactly one of ``num_groups`` and ``group_size`` (got num_groups=2, group_size=2).
+    """
+    num_groups: object = None
+    group_size: object = None
+    seed: int = 0
+    schedule: object = None
+    topology: object = None
+    warmup_steps: int = 0
+    global_every: int = 0
+    average_every: int = 1
+    schedule_options: object = None
+    policy: object = None
+    outer_momentum: float = 0.0
+    overlap: bool = False
+    average_buffers: bool = True
+    sparse_average: bool = True
+
+    def __post_init__(self):
+        _optional_positive_int("num_groups", self.num_groups)
+        _optional_positive_int("group_size", self.group_size)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"Arg ``seed`` must be a non-negative integer, got {self.seed!r}.")
+        schedule = self.schedule
+        if isinstance(schedule, str) and schedule not in SCHEDULE_NAMES:
+            raise ValueError(f"Arg ``schedule`` must be one of {SCHEDULE_NAMES}, a schedule object or None, "
+                             f"got {schedule!r}.")
+        if not (schedule is None or isinstance(schedule, (str, Schedule)) or callable(getattr(schedule, "groups", None))):
+            raise ValueError(f"Arg ``schedule`` must be one of {SCHEDULE_NAMES}, a schedule object or None, "
+                             f"got {schedule!r}.")
+        resolved = resolve_schedule(schedule, self.num_groups, self.group_size, self.topology)[0]
+        if resolved == "shuffle" and self.num_groups is not None and self.group_size is not None:
+            raise ValueError("Arg ``group_size``: pass exactly one of ``num_groups`` and ``group_size`` "
+                             f"(got num_groups={self.num_groups!r}, group_size={self.group_size!r}).")
+        if resolved == "butterfly" and self.num_groups is not None:
+            raise ValueError("Arg ``num_groups`` does not apply to schedule='butterfly'; give ``group_size``.")
+        if self.schedule_options is not None:
+            if not isinstance(self.schedule_options, dict):
+                raise ValueError(f"Arg ``schedule_options`` must be a dict or None, got {self.schedule_options!r}.")
+            object.__setattr__(self, "schedule_options", dict(self.schedule_options))
+        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self.average_every)
+        AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
+        momentum = self.outer_momentum
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {momentum!r}.")
+        for name in ("overlap", "average_buffers", "sparse_average"):
+            _flag(name, getattr(self, name))
+
+    def adaptive(self):
+        """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""
+        return AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
+
+    def plan_arguments(self):
+        """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
+        arguments = {k: getattr(self, k) for k in ("schedule", "num_groups", "group_size", "seed", "topology",
+                                                   "warmup_steps", "global_every", "average_every",
+                                                   "schedule_options")}
+        adaptive = self.adaptive()
+        if adaptive is not None:
+            arguments["adaptive"] = adaptive.config()
+        return arguments
+
+    def schedule_for(self, world_size):
+        """The schedule of these arguments for ``world_size`` ranks (:func:`build_schedule`)."""
+        return build_schedule(world_size, self.schedule, self.num_groups, self.group_size, self.seed,
+                              self.topology, self.schedule_options)
+
+    def for_world(self, world_size):
+        """These arguments for a world of ``world_size`` ranks after an elastic change
+        (:func:`arguments_for_world`: sizes capped; a schedule object or a topology refused)."""
+        capped = arguments_for_world({"schedule": self.schedule, "num_groups": self.num_groups,
+                                      "group_size": self.group_size, "topology": self.topology}, world_size)
+        return replace(self, num_groups=capped["num_groups"], group_size=capped["group_size"])
+
+    def to_dict(self):
+        """Plain data (JSON-able) for checkpoints and the ranks' agreement: a schedule object by its
+        ``config()``, a topology by its ``to_dict()``, an adaptive policy by its ``config()``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        schedule, topology, policy = self.schedule, self.topology, self.policy
+        if not (schedule is None or isinstance(schedule, str)):
+            out["schedule"] = getattr(schedule, "config", lambda: repr(schedule))()
+        if isinstance(topology, Topology):
+            out["topology"] = topology.to_dict()
+        if isinstance(policy, AdaptivePolicy):
+            out["policy"] = policy.config()
+        if out["schedule_options"] is not None:
+            out["schedule_options"] = dict(out["schedule_options"])
+        return out
+
+    @classmethod
+    def from_dict(cls, data):
+        """The :class:`SyncConfig` of :meth:`to_dict`'s data. A schedule object cannot be rebuilt from its
+        configuration: a dict for ``schedule`` raises a ``ValueError`` naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Arg ``data`` has unknown keys {unknown}; SyncConfig takes {sorted(known)}.")
+        if isinstance(data.get("schedule"), dict):
+            raise ValueError("Arg ``schedule``: a schedule object cannot be rebuilt from its configuration "
+                             f"({data['schedule']!r}); pass the object itself.")
+        return cls(**data)
+
