@@ -14,6 +14,7 @@ import numpy as np
 from .adaptive import AdaptivePolicy, AdaptiveState
 from .config import SyncConfig, arguments_for_world, build_schedule, default_group_size, resolve_schedule
 from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
+from .scope import scope_of
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
            "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world"]
@@ -190,8 +191,6 @@ def check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_
             or backward_passes_per_step < 1:
         raise ValueError(f"Arg ``backward_passes_per_step`` must be a positive integer, got "
                          f"{backward_passes_per_step!r}.")
-    from .scope import scope_of  # scope builds plans: imported here, not at the top
-
     return scope_of(hvd, process_set)
 
 

@@ -17,7 +17,7 @@ every set at a reset), are refused inside a process set.
 """
 from typing import NamedTuple
 
-from .plan import SyncPlan
+from .config import build_schedule
 from .process_sets import _horovod_table, elastic_job, registry_for
 
 __all__ = ["Scope", "scope_of", "process_set_groups", "add_process_set_groups", "acquire_registered"]
@@ -102,14 +102,13 @@ def process_set_groups(ranks, num_groups=None, group_size=None, seed=0, schedule
         ((4, 5), (4, 6), (5, 7), (6, 7))
     """
     ranks = tuple(sorted(ranks))
-    plan = SyncPlan(0, len(ranks), schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
-                    schedule_options=schedule_options)
-    if plan.schedule.window_steps is not None:
-        raise ValueError(f"schedule {plan.schedule!r} changes its groups every {plan.schedule.window_steps} steps "
+    built = build_schedule(len(ranks), schedule, num_groups, group_size, seed, None, schedule_options)
+    if built.window_steps is not None:
+        raise ValueError(f"schedule {built!r} changes its groups every {built.window_steps} steps "
                          "(window_steps); inside a process set the groups are registered once, by every rank of "
                          "the job, so use a schedule with one endless window (window_steps=None).")
     scope = Scope(ranks, 0)
-    return tuple(sorted(scope.to_global(g) for g in plan.schedule.window_groups(0) if 1 < len(g) < len(ranks)))
+    return tuple(sorted(scope.to_global(g) for g in built.window_groups(0) if 1 < len(g) < len(ranks)))
 
 
 def add_process_set_groups(hvd, process_set, **schedule_arguments):
