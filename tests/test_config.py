@@ -1,0 +1,94 @@
+"""hvd_dssync.config.SyncConfig: one validated object for DS-Sync's own arguments."""
+import json
+
+import pytest
+
+from hvd_dssync.adaptive import AdaptivePolicy
+from hvd_dssync.config import SyncConfig, build_schedule
+from hvd_dssync.plan import SyncPlan
+from hvd_dssync.schedules import Butterfly
+from hvd_dssync.topology import ENV_VAR, Topology
+
+
+def test_defaults_are_the_adapters():
+    config = SyncConfig()
+    assert (config.num_groups, config.group_size, config.seed, config.schedule, config.topology) == \
+        (None, None, 0, None, None)
+    assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, 0, 1, None)
+    assert (config.outer_momentum, config.overlap, config.average_buffers, config.sparse_average) == \
+        (0.0, False, True, True)
+
+
+@pytest.mark.parametrize("arguments,named", [
+    ({"num_groups": 0}, "num_groups"), ({"group_size": 1.5}, "group_size"), ({"seed": -1}, "seed"),
+    ({"seed": True}, "seed"), ({"schedule": "ring"}, "schedule"), ({"schedule": 3}, "schedule"),
+    ({"warmup_steps": -1}, "warmup_steps"), ({"global_every": 1.0}, "global_every"),
+    ({"average_every": 0}, "average_every"), ({"schedule_options": [1]}, "schedule_options"),
+    ({"policy": "sometimes"}, "policy"), ({"outer_momentum": 1.0}, "outer_momentum"),
+    ({"overlap": 1}, "overlap"), ({"average_buffers": None}, "average_buffers"),
+    ({"sparse_average": "yes"}, "sparse_average"),
+    # conflicts, the argument named
+    ({"num_groups": 2, "group_size": 2}, "group_size"), ({"schedule": "butterfly", "num_groups": 2}, "num_groups"),
+    ({"schedule": "topology", "num_groups": 2}, "num_groups"),
+    ({"topology": [[0, 1], [2, 3]], "group_size": 2}, "group_size"),
+    ({"policy": "adaptive", "global_every": 4}, "global_every"),
+])
+def test_invalid_arguments_are_refused_by_name(monkeypatch, arguments, named):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(ValueError, match=f"``{named}``"):
+        SyncConfig(**arguments)
+
+
+def test_the_racks_from_the_environment_refuse_sizes(monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "[[0, 1], [2, 3]]")
+    with pytest.raises(ValueError, match="``num_groups``.*HVD_DSSYNC_TOPOLOGY is set"):
+        SyncConfig(num_groups=3)
+    assert SyncConfig(num_groups=3, schedule="shuffle").num_groups == 3
+
+
+def test_frozen_and_options_copied():
+    options = {"window_steps": 4}
+    config = SyncConfig(num_groups=2, schedule_options=options)
+    options["window_steps"] = 8
+    assert config.schedule_options == {"window_steps": 4}
+    with pytest.raises(Exception):
+        config.seed = 3
+
+
+def test_dict_round_trip_is_plain_data():
+    config = SyncConfig(group_size=2, seed=4, warmup_steps=3, average_every=2, policy=AdaptivePolicy(max_period=4),
+                        schedule_options={"window_steps": None}, outer_momentum=0.5, overlap=True)
+    data = config.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert data["policy"]["max_period"] == 4
+    again = SyncConfig.from_dict(data)
+    assert again.to_dict() == data
+    assert SyncPlan.from_config(1, 4, again).config() == SyncPlan.from_config(1, 4, config).config()
+    with pytest.raises(ValueError, match="unknown keys \\['ranks'\\]"):
+        SyncConfig.from_dict(dict(data, ranks=4))
+
+
+def test_schedule_objects_and_topologies_as_data():
+    racks = Topology.from_racks([[0, 1], [2, 3]])
+    data = SyncConfig(topology=racks).to_dict()
+    assert data["topology"]["racks"] == [[0, 1], [2, 3]]
+    assert SyncConfig.from_dict(data).schedule_for(4).config()["racks"] == [[0, 1], [2, 3]]
+    data = SyncConfig(schedule=Butterfly(4)).to_dict()
+    assert data["schedule"] == {"name": "butterfly", "world_size": 4, "group_size": 2}
+    with pytest.raises(ValueError, match="``schedule``: a schedule object cannot be rebuilt"):
+        SyncConfig.from_dict(data)
+
+
+def test_for_world_caps_the_sizes_and_refuses_fixed_ranks():
+    assert SyncConfig(num_groups=4).for_world(3) == SyncConfig(num_groups=3)
+    assert SyncConfig(group_size=2, seed=7).for_world(8) == SyncConfig(group_size=2, seed=7)
+    with pytest.raises(RuntimeError, match="built for a fixed set of ranks"):
+        SyncConfig(schedule="topology", topology=[[0], [1]]).for_world(2)
+
+
+def test_schedule_for_is_the_plans():
+    config = SyncConfig(num_groups=2, seed=9)
+    assert config.schedule_for(8).config() == SyncPlan(0, 8, num_groups=2, seed=9).schedule.config()
+    assert build_schedule(1).config()["num_groups"] == 1
+    with pytest.raises(ValueError, match="``num_groups`` must be at most the world size 2"):
+        SyncConfig(num_groups=3).schedule_for(2)
