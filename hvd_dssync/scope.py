@@ -36,6 +36,11 @@ class Scope(NamedTuple):
     rank: int
 
     @property
+    def outside(self):
+        """Whether this rank is outside the set (it trains alone, as with Horovod's optimizer)."""
+        return self.rank is None
+
+    @property
     def world_size(self):
         return len(self.ranks)
 
@@ -64,8 +69,9 @@ def _is_global(hvd, process_set):
 def scope_of(hvd, process_set):
     """The :class:`Scope` of an optimizer given ``process_set``; validated here, no communication.
 
-    The global set gives the whole job. Another set must be registered with Horovod and contain this
-    rank, outside elastic Horovod; each violation raises a ``ValueError`` naming ``process_set``.
+    The global set gives the whole job. Another set must be registered with Horovod, outside elastic
+    Horovod; each violation raises a ``ValueError`` naming ``process_set``. On a rank outside the set the
+    scope's ``rank`` is ``None``: the adapters then validate as everywhere and train that rank alone.
 
     Example::
 
@@ -78,14 +84,12 @@ def scope_of(hvd, process_set):
     if process_set.process_set_id is None or process_set.ranks is None:
         raise ValueError(f"Arg ``process_set`` ({process_set}) is not registered with Horovod: pass it to "
                          "hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank first.")
-    ranks = tuple(sorted(process_set.ranks))
-    if hvd.rank() not in ranks:
-        raise ValueError(f"Arg ``process_set``: rank {hvd.rank()} is not in it (ranks {list(ranks)}); as with "
-                         "Horovod, only the set's ranks build and step its optimizer.")
     if elastic_job():
         raise ValueError("Arg ``process_set`` other than the global set is not supported under elastic Horovod, "
                          "which drops every process set when the world changes.")
-    return Scope(ranks, ranks.index(hvd.rank()))
+    ranks = tuple(sorted(process_set.ranks))
+    # A rank outside the set builds the optimizer too and trains alone, as with Horovod: position None.
+    return Scope(ranks, ranks.index(hvd.rank()) if hvd.rank() in ranks else None)
 
 
 def process_set_groups(ranks, num_groups=None, group_size=None, seed=0, schedule=None,
@@ -133,7 +137,7 @@ def add_process_set_groups(hvd, process_set, **schedule_arguments):
     registry_for(hvd).acquire(process_set_groups(ranks, **schedule_arguments))
 
 
-def acquire_registered(hvd, scope, groups, what):
+def acquire_registered(hvd, scope, groups, what, take=True):
     """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod already holds.
 
     Inside a process set nothing may be registered (the other ranks would not take part), so a missing
@@ -155,5 +159,6 @@ def acquire_registered(hvd, scope, groups, what):
             "hvd.init(process_sets=...) with hvd_dssync.scope.process_set_groups(...), or "
             "add_process_set_groups(process_set, ...) after hvd.add_process_set, with the optimizer's schedule "
             "arguments.")
-    registry_for(hvd).acquire(wanted)
+    if take:  # a rank outside the scope only checks, so that it raises where the set's ranks do
+        registry_for(hvd).acquire(wanted)
     return wanted

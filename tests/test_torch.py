@@ -106,3 +106,10 @@ def test_process_sets_and_fp16_compression(launcher, init):
     updates below its resolution, within its error bound of the exact group means."""
     output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300)
     assert output.count("all checks passed") == 4, output
+
+
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(2, 4)))
+def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
+    """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing."""
+    output = run(launcher, np, "torch_outside_set.py", timeout=180)
+    assert output.count("all checks passed") == np, output

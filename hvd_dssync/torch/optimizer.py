@@ -37,6 +37,7 @@ from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpac
 from ..topology import loopback_hostname_warning
 from ..watchdog import describe_wait, drain_at_exit, exit_timeout, process_watchdog
 from . import collectives
+from .outside import OutsideProcessSet
 
 __all__ = ["DistributedOptimizer"]
 
@@ -1060,7 +1061,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                           average_every=average_every, schedule_options=schedule_options)
     if adaptive is not None:
         plan_arguments["adaptive"] = adaptive.config()
-    plan = _make_plan(plan_arguments, scope)
+    # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
+    plan = _make_plan(plan_arguments, scope._replace(rank=0) if scope.outside else scope)
     if in_process_set and plan.schedule.window_steps is not None:
         raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
                          f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "
@@ -1071,6 +1073,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                             os.environ.get("HOROVOD_GPU_OPERATIONS"))
     if hvd.size() == 1 and overlap:
         warnings.warn("overlap=True does nothing with one rank.")
+    if scope.outside:
+        acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
+                           take=False)
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(OutsideProcessSet.__dict__))
+        return cls(optimizer.param_groups, process_set, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, sparse_as_dense, process_set if in_process_set else hvd.global_process_set,
