@@ -64,3 +64,11 @@ def test_horovod_fidelity(launcher, np):
     output = run(launcher, np, "keras_fidelity.py", timeout=420)
     assert output.count("all checks passed") == np, output
     assert output.count("ranks are at different DS-Sync steps") >= 2 * np, output
+
+
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(2,)))
+def test_register_local_var_as_horovod(launcher, np):
+    """Horovod's gradient-aggregation test with local variables, step by step: local variables neither
+    allreduced nor averaged, their gradients divided by the set's size; backward passes summed or averaged."""
+    output = run(launcher, np, "keras_local_vars.py", timeout=240)
+    assert output.count("all checks passed") == np, output

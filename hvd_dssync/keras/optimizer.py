@@ -21,53 +21,35 @@ import tensorflow as tf
 from ..adaptive import AdaptivePolicy
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
+from ..scope import acquire_registered
+from . import sync as _sync
+from .outside import OutsideProcessSet
 from .sync import StepSync, make_plan
 
 __all__ = ["DistributedOptimizer"]
 
 
-class _DSSyncOptimizer:
-    """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
+class _LocalSteps:
+    """What every rank's optimizer does alone: its own gradients, local variables, ``backward_passes_per_step``.
 
-    def _dssync_setup(self, sync, model, average_non_trainable, passes, average_aggregated, scale_local_gradients,
-                      options, sparse_average):
-        self._dssync = sync
-        self._dssync_sparse_average = sparse_average
+    Mixed in below :class:`_DSSyncOptimizer` on the ranks of the optimizer's process set and below
+    :class:`.outside.OutsideProcessSet` on the others (see :func:`_optimizer_class`).
+    """
+
+    def _dssync_local_setup(self, process_set, set_size, passes, average_aggregated, scale_local_gradients):
         self._dssync_passes = passes
         self._dssync_average_aggregated = average_aggregated
+        # Horovod divides a local variable's gradient by the size of the optimizer's process set; None: the
+        # size of DS-Sync's world, read when the step is traced.
+        self._dssync_set_size = set_size
         # Gradient sums between applied steps; left out of Keras' tracking, so never saved (as Horovod's).
         object.__setattr__(self, "_dssync_sums", {})
-        # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
-        self._dssync_model = None if model is None else weakref.ref(model)
-        self._dssync_average_non_trainable = average_non_trainable
         self._dssync_local_vars = set()
         # Horovod's attributes that scripts read, with their DS-Sync meaning (docs/keras.md).
         object.__setattr__(self, "_local_vars", self._dssync_local_vars)
         object.__setattr__(self, "_agg_helper", None if passes == 1 else _PassAggregation(self))
-        self.process_set = hvd.global_process_set
+        self.process_set = process_set
         self.scale_local_gradients = scale_local_gradients
-        shapes = None
-        if model is not None and model.built:
-            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
-        self._dssync_fingerprint = (shapes, options)
-        if not elastic_job():
-            # Under elastic Horovod a joining worker builds its optimizer while the others sync state, so
-            # no collective may run here: the first trace of the step connects instead (apply_gradients).
-            self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
-
-    @property
-    def schedule(self):
-        """The schedule: ``schedule.groups(step)`` is identical on every rank."""
-        return self._dssync.plan.schedule
-
-    @property
-    def policy(self):
-        return self._dssync.plan.policy
-
-    @property
-    def dssync_decisions(self):
-        """The adaptive policy's decisions so far (dicts, as the PyTorch adapter's ``last_sync["decision"]``)."""
-        return self._dssync.decisions
 
     @property
     def sync_step(self):
@@ -91,16 +73,115 @@ class _DSSyncOptimizer:
             return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
         return base.compute_gradients(loss, var_list, tape=tape)
 
+    def register_local_var(self, var):
+        """Keep ``var`` local to this rank, as Horovod: its gradient is never allreduced and it is never averaged.
+
+        With ``scale_local_gradients`` (the default, as in Horovod) its gradient is divided by the size of the
+        optimizer's process set when applied.
+        """
+        self._dssync_local_vars.add(var.ref())
+
+    def _dssync_scale_local(self, grads, variables):
+        """``grads`` with those of local variables divided by the process set's size (``scale_local_gradients``).
+
+        Horovod does it where it allreduces the others, after summing the passes; a division commutes with
+        the sum, so here it is done to the gradients applied.
+        """
+        size = self._dssync_set_size or self._dssync.plan.world_size
+        if not self.scale_local_gradients or not self._dssync_local_vars or size == 1:
+            return list(grads)
+        out = list(grads)
+        for i, (g, v) in enumerate(zip(grads, variables)):
+            if g is None or v.ref() not in self._dssync_local_vars:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+            else:
+                out[i] = g / size
+        return out
+
+    def _dssync_accumulate(self, grads, variables, averaged, args, kwargs):
+        """``backward_passes_per_step`` > 1, as Horovod: sum this pass's gradients; step on every last pass.
+
+        The other passes only count themselves in ``iterations``. The step applies the sum (the mean with
+        ``average_aggregated_gradients``) with :meth:`_dssync_step`, at step ``iterations //
+        backward_passes_per_step``.
+        """
+        passes = self._dssync_passes
+        with tf.init_scope():
+            # The wrapped optimizer's variables must exist before its update is traced inside tf.cond.
+            if hasattr(self, "_create_all_weights"):
+                self._create_all_weights(variables)
+            else:
+                self.build(variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        sums = [self._dssync_sum(variables[i]) for i in present]
+        added = [s.assign_add(tf.convert_to_tensor(grads[i])) for s, i in zip(sums, present)]
+        last = tf.equal(tf.math.floormod(self.iterations + 1, passes), 0)
+
+        def step():
+            total = list(grads)
+            for s, i in zip(sums, present):
+                total[i] = s / passes if self._dssync_average_aggregated else tf.identity(s)
+            done = self._dssync_step(total, variables, averaged, self.iterations // passes, args, kwargs)
+            with tf.control_dependencies([d for d in done if d is not None]):
+                cleared = [s.assign(tf.zeros_like(s)) for s in sums]
+            with tf.control_dependencies(cleared):
+                return tf.identity(self.iterations)
+
+        def count():
+            return tf.identity(self.iterations.assign_add(1))
+
+        with tf.control_dependencies(added):
+            return tf.cond(last, step, count)
+
+    def _dssync_sum(self, variable):
+        key = variable.ref()
+        if key not in self._dssync_sums:
+            with tf.init_scope():
+                self._dssync_sums[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                                     name="dssync_gradient_sum")
+        return self._dssync_sums[key]
+
+
+class _DSSyncOptimizer(_LocalSteps):
+    """Mixed into the user's optimizer class by :func:`DistributedOptimizer` on the process set's ranks."""
+
+    def _dssync_setup(self, sync, model, average_non_trainable, options, sparse_average):
+        self._dssync = sync
+        self._dssync_sparse_average = sparse_average
+        # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
+        self._dssync_model = None if model is None else weakref.ref(model)
+        self._dssync_average_non_trainable = average_non_trainable
+        shapes = None
+        if model is not None and model.built:
+            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
+        self._dssync_fingerprint = (shapes, options)
+        if not elastic_job():
+            # Under elastic Horovod a joining worker builds its optimizer while the others sync state, so
+            # no collective may run here: the first trace of the step connects instead (apply_gradients).
+            self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
+
+    @property
+    def schedule(self):
+        """The schedule: ``schedule.groups(step)`` is identical on every rank."""
+        return self._dssync.plan.schedule
+
+    @property
+    def policy(self):
+        return self._dssync.plan.policy
+
+    @property
+    def dssync_decisions(self):
+        """The adaptive policy's decisions so far (dicts, as the PyTorch adapter's ``last_sync["decision"]``)."""
+        return self._dssync.decisions
+
     def _allreduce_grads(self, grads, vars=None):
         """``grads`` averaged over all ranks, as Horovod's (and DS-Sync's warm-up) gradient allreduce.
 
         ``None`` entries stay ``None``. A collective: call it on every rank.
         """
         return self._dssync.allreduce_gradients(list(grads))
-
-    def register_local_var(self, var):
-        """Keep ``var`` local to this rank: never averaged, its gradient never allreduced (as Horovod)."""
-        self._dssync_local_vars.add(var.ref())
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
@@ -131,12 +212,15 @@ class _DSSyncOptimizer:
     def _dssync_step(self, grads, variables, averaged, step, args, kwargs):
         """One DS-Sync step: the warm-up's gradient allreduce, this rank's update, the group average.
 
-        Returns what the wrapped optimizer's ``apply_gradients`` returned, and the average's op.
+        Returns what the wrapped optimizer's ``apply_gradients`` returned, and the average's op. Local
+        variables (:meth:`register_local_var`) are neither allreduced nor averaged, and their gradients are
+        scaled as Horovod's (:meth:`_dssync_scale_local`).
         """
         shared = [i for i, v in enumerate(variables) if v.ref() not in self._dssync_local_vars]
         reduced = self._dssync.gradients([grads[i] for i in shared], step)
         for i, g in zip(shared, reduced):
             grads[i] = g
+        grads = self._dssync_scale_local(grads, variables)
         if not _is_loss_scale_optimizer(self):
             iteration = super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
             with tf.control_dependencies([iteration]):
@@ -169,49 +253,6 @@ class _DSSyncOptimizer:
         grads, variables = zip(*grads_and_vars)
         grads, _ = self._dssync.shared_finiteness(list(grads))
         return list(zip(grads, variables))
-
-    def _dssync_accumulate(self, grads, variables, averaged, args, kwargs):
-        """``backward_passes_per_step`` > 1, as Horovod: sum this pass's gradients; step on every last pass.
-
-        The other passes only count themselves in ``iterations``. The step applies the sum (the mean with
-        ``average_aggregated_gradients``), then averages the model in the group of step
-        ``iterations // backward_passes_per_step``.
-        """
-        passes = self._dssync_passes
-        with tf.init_scope():
-            # The wrapped optimizer's variables must exist before its update is traced inside tf.cond.
-            if hasattr(self, "_create_all_weights"):
-                self._create_all_weights(variables)
-            else:
-                self.build(variables)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        sums = [self._dssync_sum(variables[i]) for i in present]
-        added = [s.assign_add(tf.convert_to_tensor(grads[i])) for s, i in zip(sums, present)]
-        last = tf.equal(tf.math.floormod(self.iterations + 1, passes), 0)
-
-        def step():
-            total = list(grads)
-            for s, i in zip(sums, present):
-                total[i] = s / passes if self._dssync_average_aggregated else tf.identity(s)
-            done = self._dssync_step(total, variables, averaged, self.iterations // passes, args, kwargs)
-            with tf.control_dependencies(done):
-                cleared = [s.assign(tf.zeros_like(s)) for s in sums]
-            with tf.control_dependencies(cleared):
-                return tf.identity(self.iterations)
-
-        def count():
-            return tf.identity(self.iterations.assign_add(1))
-
-        with tf.control_dependencies(added):
-            return tf.cond(last, step, count)
-
-    def _dssync_sum(self, variable):
-        key = variable.ref()
-        if key not in self._dssync_sums:
-            with tf.init_scope():
-                self._dssync_sums[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                                     name="dssync_gradient_sum")
-        return self._dssync_sums[key]
 
     def _dssync_row_tables(self, grads, variables, averaged):
         """Positions of the embedding tables to average by their rows (``sparse_average``), decided at trace time.
@@ -268,6 +309,11 @@ class _PassAggregation:
         """Passes since the last applied step, as Horovod's counter."""
         return tf.math.floormod(self._optimizer().iterations, self.backward_passes_per_step)
 
+    @property
+    def _local_vars(self):
+        """The optimizer's local variables (Horovod's helper keeps them when ``backward_passes_per_step`` > 1)."""
+        return self._optimizer()._dssync_local_vars
+
     def register_local_var(self, var):
         self._optimizer().register_local_var(var)
 
@@ -317,6 +363,18 @@ def _changes_other_rows(optimizer, dense_gradients):
     return f"{name} is not SGD or Adagrad"
 
 
+def _optimizer_class(optimizer, mixin):
+    """The user's optimizer class with ``mixin``'s methods (and its bases', below :class:`_LocalSteps`).
+
+    The same class name and module, so a saved model names the plain optimizer (as Horovod's).
+    """
+    methods = {}
+    for klass in (_LocalSteps, mixin):
+        methods.update({k: v for k, v in klass.__dict__.items() if k not in ("__dict__", "__weakref__")})
+    methods["__module__"] = optimizer.__class__.__module__
+    return type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+
+
 def _is_loss_scale_optimizer(optimizer):
     return isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
 
@@ -348,8 +406,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``device_dense`` apply to the warm-up's gradient allreduce; ``name`` names the Horovod ops.
     ``backward_passes_per_step`` passes sum their gradients (their mean with
     ``average_aggregated_gradients``) and every last one steps, as in Horovod: ``iterations`` counts the
-    passes, the DS-Sync step the applied steps. ``device_sparse``, ``groups`` and ``scale_local_gradients``
-    have nothing to act on and are accepted for compatibility. ``op=hvd.Adasum`` is rejected. Horovod's deprecated
+    passes, the DS-Sync step the applied steps. Variables given to ``register_local_var`` are neither
+    allreduced nor averaged, and with ``scale_local_gradients`` (the default) their gradients are divided
+    by the process set's size, as in Horovod. On a rank outside ``process_set`` the arguments are validated
+    as on its ranks, and the optimizer steps alone and sends nothing, as Horovod's there
+    (:mod:`.outside`). ``device_sparse`` and ``groups`` have nothing to act on and are accepted for
+    compatibility. ``op=hvd.Adasum`` is rejected. Horovod's deprecated
     ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
 
     Args (keyword-only, DS-Sync's own):
@@ -404,22 +466,33 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if adaptive is not None:
         arguments["adaptive"] = adaptive.config()
     op_name = name or f"DSSync{type(optimizer).__name__}"
+    if scope.outside:
+        # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first
+        # position, the same errors), its groups only checked, and nothing sent.
+        plan = make_plan(**arguments, scope=scope._replace(rank=0))
+        acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras", take=False)
+        # The set's ranks number their DS-Sync objects for op names; a later optimizer's names must match.
+        next(_sync._instances)
+        wrapped = _optimizer_class(optimizer, OutsideProcessSet).from_config(optimizer.get_config())
+        wrapped._dssync_local_setup(process_set, scope.world_size, backward_passes_per_step,
+                                    average_aggregated_gradients, scale_local_gradients)
+        wrapped._dssync_outside_setup(sparse_as_dense)
+        return wrapped
     sync = StepSync(make_plan(**arguments, scope=scope if in_process_set else None), compression=compression, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
                     device_dense=device_dense, name=op_name, arguments=arguments,
                     scope=scope if in_process_set else None,
                     process_set=process_set if in_process_set else hvd.global_process_set)
-    methods = {k: v for k, v in _DSSyncOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
-    # The wrapped class's module and name, so a saved model names the plain optimizer (as Horovod's).
-    methods["__module__"] = optimizer.__class__.__module__
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
-    wrapped = cls.from_config(optimizer.get_config())
-    wrapped._dssync_setup(sync, model, average_non_trainable, backward_passes_per_step, average_aggregated_gradients,
-                          scale_local_gradients,
+    wrapped = _optimizer_class(optimizer, _DSSyncOptimizer).from_config(optimizer.get_config())
+    # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
+    wrapped._dssync_local_setup(process_set, None, backward_passes_per_step, average_aggregated_gradients,
+                                scale_local_gradients)
+    wrapped._dssync_setup(sync, model, average_non_trainable,
                           {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                            "sparse_as_dense": sparse_as_dense, "average_non_trainable": average_non_trainable,
                            "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
                            "average_aggregated_gradients": average_aggregated_gradients,
-                           "sparse_average": bool(sparse_average)},
+                           "sparse_average": bool(sparse_average),
+                           "scale_local_gradients": bool(scale_local_gradients)},
                           bool(sparse_average))
     return wrapped
