@@ -24,7 +24,7 @@ def _ring_crossings(group, rack_of):
     return out
 
 
-def _groups_per_step(contender, steps, racks, config):
+def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
     """The groups each step averages over, or ``None`` for a step with no averaging."""
     size = sum(len(r) for r in racks)
     world = tuple(range(size))
@@ -51,8 +51,10 @@ def _groups_per_step(contender, steps, racks, config):
     from .worker import dssync_arguments
 
     arguments = dssync_arguments(contender, dict(config, racks=racks))
+    if sensed_racks:  # the default schedule on the racks it sensed (dssync-default)
+        arguments = {"schedule": "topology", "topology": sensed_racks}
     if "topology" in arguments:
-        arguments["topology"] = Topology.from_racks(racks)
+        arguments["topology"] = Topology.from_racks(arguments["topology"])
     # Every rank's plan, as the optimizers build them: a step's groups are those its ranks average in.
     plans = [SyncPlan(rank, size, seed=config["seed"], warmup_steps=config.get("warmup_steps", 0), **arguments)
              for rank in world]
@@ -66,11 +68,12 @@ def _groups_per_step(contender, steps, racks, config):
     return out
 
 
-def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config):
-    """Ring-allreduce estimate of the bytes over the busiest inter-rack direction (steps only)."""
+def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sensed_racks=None):
+    """Ring-allreduce estimate of the bytes over the busiest inter-rack direction (steps only);
+    ``sensed_racks``: those the default schedule sensed and averaged in (dssync-default)."""
     rack_of = {r: k for k, rack in enumerate(racks) for r in rack}
     per_direction = {}
-    for groups in _groups_per_step(contender, steps, racks, config):
+    for groups in _groups_per_step(contender, steps, racks, config, sensed_racks):
         for group in groups or ():
             n = len(group)
             for key, edges in _ring_crossings(group, rack_of).items():
@@ -88,6 +91,7 @@ def time_to_target(curve, target):
 def summarize(record, scenario, config):
     """One summary row from rank 0's record of one contender in one scenario."""
     steps = record["steps"]
+    sensed = record.get("sensed")
     median = float(np.median(record["step_times"])) if steps else float("nan")
     samples = record["batch"] * record["size"]
     row = {
@@ -97,9 +101,12 @@ def summarize(record, scenario, config):
         "final_accuracy": record["final_accuracy"], "rank0_accuracy": record["local_accuracy"],
         "sync_seconds": float(np.sum(record["sync_times"])), "compute_s_per_step": record["compute_seconds"],
         "bottleneck_bytes": None, "bottleneck_bytes_estimate": estimate_bottleneck_bytes(
-            record["contender"], steps, config["racks"], record["model_bytes"], config),
+            record["contender"], steps, config["racks"], record["model_bytes"], config,
+            (sensed or {}).get("racks")),
         "link_bound_s": None, "sync_to_link_bound": None,
     }
+    if sensed is not None:
+        row["sensed"] = sensed
     links = record.get("links")
     if links and links["total"]:
         row["bottleneck_bytes"] = max(links["total"].values(), default=0)
@@ -322,4 +329,9 @@ def render_markdown(payload):
         lines += [f"Targets judged on the medians of {payload['repeat']} runs each.", ""]
     for t, m, f in targets(rows):
         lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
+    for r in rows:
+        if r.get("sensed"):
+            s = r["sensed"]
+            lines.append(f"- sensed ({r['scenario']}, {r['contender']}): {s['found']} {s['racks'] or ''} by "
+                         f"{s['how']} ({s['hosts']} hosts, {s['pairs']} pairs timed) in {s['seconds']:.2f} s")
     return "\n".join(lines) + "\n"

@@ -39,6 +39,7 @@ DSSYNC_CONTENDERS = {
     "dssync-adaptive-exchange": ("topology", True),
     "dssync-adaptive-first4": ("topology", True),
     "dssync-local-idle-sets": ("one group", True),
+    "dssync-default": ("default", False),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
@@ -58,6 +59,10 @@ POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"dec
 # Contenders whose Horovod also registers another contender's process sets, which they leave idle: what
 # the registered sets alone cost (Horovod negotiates every registered set on every cycle).
 IDLE_SETS = {"dssync-local-idle-sets": "dssync-topology-local"}
+# The plain swap: ``hvd.init()`` and ``DistributedOptimizer(opt, named_parameters=...)``, nothing else; the
+# default schedule comes from what the optimizer senses of the network (``topology="auto"``). Its record
+# holds what was sensed and what it cost (``record["sensed"]``).
+DEFAULT = "dssync-default"
 CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 # Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
 # that allreduce every step.
@@ -136,7 +141,7 @@ def dssync_arguments(name, config):
     racks = config["racks"]
     out = {"shuffle": dict(schedule="shuffle", num_groups=len(racks)), "butterfly": dict(schedule="butterfly"),
            "topology": dict(schedule="topology", topology=racks),
-           "one group": dict(schedule="shuffle", num_groups=1)}[schedule]
+           "one group": dict(schedule="shuffle", num_groups=1), "default": {}}[schedule]
     if local:
         out["average_every"] = config["local_period"]
     return out
@@ -159,6 +164,11 @@ def _make_contender(name, model, config, rank, size):
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                            named_parameters=model.named_parameters())
             sync = None
+        elif name == DEFAULT:
+            hvd.init()  # importing hvd_dssync.torch enabled dynamic process sets
+            base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+            opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters())
+            sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         else:
             kwargs = dssync_arguments(name, config)
             registered = dssync_arguments(IDLE_SETS.get(name, name), config)
@@ -355,7 +365,7 @@ def run(config):
         "local_accuracy": local_accuracy, "final_loss": final_loss, "final_accuracy": final_accuracy,
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
         "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
-        "decisions": decisions,
+        "decisions": decisions, "sensed": getattr(opt, "sensed", None),
     }
     if rank == 0:
         with open(config["out"], "w") as f:

@@ -4,12 +4,16 @@ These run eagerly (from callbacks or between steps) and are collectives: call th
 """
 import math
 import os
+import time
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
+from .. import sensing
+from ..process_sets import DYNAMIC_ENV, elastic_job, registry_for
 from ..scope import add_process_set_groups as add_groups, scope_of
-from ..topology import host_name, job_topology as resolve_topology
+from ..topology import ENV_VAR as TOPOLOGY_ENV, host_name, job_topology as resolve_topology
 
 __all__ = ["synchronize_models", "consensus_distance", "load_model", "job_topology", "add_process_set_groups"]
 
@@ -125,6 +129,41 @@ def job_topology(spec=None):
                             lambda: hvd.allgather_object(host_name(), name="DSSync_hostnames"))
 
 
+
+def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
+    """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time;
+    the PyTorch adapter's sensing, with TF tensors: a process that uses both senses once)."""
+    payload, tiny = tf.zeros([max(1, nbytes // 4)]), tf.zeros([1])
+
+    def time_allreduce(process_set, name, warm):
+        started = time.perf_counter()
+        hvd.allreduce(tiny if warm else payload, name=name.replace(".", "_"), process_set=process_set).numpy()
+        return time.perf_counter() - started
+
+    def allgather(row):
+        return hvd.allgather(tf.constant(np.asarray(row).reshape(1, -1)), name="DSSync_sense_figures").numpy()
+
+    def run():
+        return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
+                             lambda: hvd.allgather_object(host_name(), name="DSSync_sense_hosts"),
+                             registry_for(hvd), time_allreduce, allgather, repeats)
+
+    key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
+    return sensing.sense_once(key, run, hvd.rank())
+
+
+def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
+    """``topology`` resolved as the PyTorch adapter does: "auto" becomes the sensed racks (a Topology) or
+    ``None`` (one rack, or no sensing: :func:`hvd_dssync.sensing.wants_sensing`); ``(topology, Sensed or None)``.
+    Keras reads the topology eagerly when the optimizer is built, so the sensing runs there."""
+    if not (isinstance(topology, str) and topology == sensing.AUTO):
+        return topology, None
+    dynamic = os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
+    if not sensing.wants_sensing(schedule, num_groups, group_size, topology, schedule_options,
+                                 os.environ.get(TOPOLOGY_ENV), whole_job, elastic_job(), dynamic):
+        return None, None
+    sensed = _sense()
+    return sensed.topology(), sensed
 
 
 def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,

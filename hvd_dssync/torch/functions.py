@@ -1,15 +1,20 @@
 """Whole-model helpers for PyTorch: exact global average, consensus distance, job topology, init."""
 import math
+import os
 import time
 
 import horovod.torch as hvd
 import torch
 
+from .. import sensing
 from ..plan import SyncPlan, resolve_schedule
-from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
+from ..process_sets import (DYNAMIC_ENV, elastic_job, enable_dynamic_process_sets, registry_for,
+                            use_static_process_sets)
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
-from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
+from ..topology import (ENV_VAR as TOPOLOGY_ENV, Topology, host_name, job_topology as resolve_topology,
+                        racks_from_rates, round_robin_pairings)
 from . import collectives
+from .live import finish_pending_averages
 
 __all__ = ["synchronize_models", "consensus_distance", "job_topology", "probe_topology", "init",
            "add_process_set_groups"]
@@ -20,13 +25,6 @@ def _model_tensors(model, buffers=True):
     if buffers:
         tensors += [b for b in model.buffers() if b.is_floating_point()]
     return tensors
-
-
-def _finish_pending_averages():
-    from .optimizer import _live_optimizers
-
-    for optimizer in list(_live_optimizers):
-        optimizer.finish_pending()
 
 
 def synchronize_models(model, root_rank=None, buffers=True, process_set=hvd.global_process_set):
@@ -44,7 +42,7 @@ def synchronize_models(model, root_rank=None, buffers=True, process_set=hvd.glob
     """
     scope = scope_of(hvd, process_set)
     root_rank = scope.root(root_rank)
-    _finish_pending_averages()
+    finish_pending_averages()
     tensors = _model_tensors(model, buffers)
     if scope.world_size == 1 or not tensors:
         return
@@ -69,7 +67,7 @@ def consensus_distance(model, buffers=False, process_set=hvd.global_process_set)
         print(f"consensus distance {dss.consensus_distance(model):.2e}")
     """
     size = scope_of(hvd, process_set).world_size
-    _finish_pending_averages()
+    finish_pending_averages()
     tensors = _model_tensors(model, buffers)
     flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
     if size == 1:
@@ -144,6 +142,40 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
     racks = racks_from_rates(rates, slow_fraction)
     host_racks = {hosts[h]: index for index, rack in enumerate(racks) for h in rack}
     return Topology(rank_hosts, host_racks)
+
+
+def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
+    """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time)."""
+    payload, tiny = torch.zeros(max(1, nbytes // 4)), torch.zeros(1)
+
+    def time_allreduce(process_set, name, warm):
+        started = time.perf_counter()
+        hvd.allreduce_(tiny if warm else payload, name=name, process_set=process_set)
+        return time.perf_counter() - started
+
+    def allgather(row):
+        return hvd.allgather(torch.from_numpy(row).reshape(1, -1), name="dssync.sense.figures").numpy()
+
+    def run():
+        return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
+                             lambda: hvd.allgather_object(host_name(), name="dssync.sense.hosts"),
+                             registry_for(hvd), time_allreduce, allgather, repeats)
+
+    key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
+    return sensing.sense_once(key, run, hvd.rank())
+
+
+def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
+    """``DistributedOptimizer``'s ``topology`` resolved: "auto" becomes the sensed racks (a Topology) or
+    ``None`` (one rack, or no sensing: :func:`hvd_dssync.sensing.wants_sensing`); ``(topology, Sensed or None)``."""
+    if not (isinstance(topology, str) and topology == sensing.AUTO):
+        return topology, None
+    dynamic = os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
+    if not sensing.wants_sensing(schedule, num_groups, group_size, topology, schedule_options,
+                                 os.environ.get(TOPOLOGY_ENV), whole_job, elastic_job(), dynamic):
+        return None, None
+    sensed = _sense()
+    return sensed.topology(), sensed
 
 
 STATIC_SETS_PER_RANK = 8  # the most static sets one rank joins in :func:`init`, or it uses dynamic sets
