@@ -23,6 +23,7 @@ from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
 from . import sync as _sync
+from .functions import default_topology
 from .outside import OutsideProcessSet
 from .sync import StepSync, make_plan
 
@@ -387,7 +388,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=hvd.Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
                          groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
-                         num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
+                         num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_non_trainable=True,
                          schedule_options=None, policy=None, sparse_average=True):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
@@ -421,7 +422,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         seed: integer seed shared by all ranks; the same seed gives the PyTorch adapter's groups.
         schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None (the
             default: "topology" where the racks are known, else "shuffle").
-        topology: racks, for a schedule object built on them.
+        topology: racks for schedule "topology" (as in the PyTorch adapter); "auto" (the default) senses
+            them once per job where no other DS-Sync argument names the schedule (:mod:`hvd_dssync.sensing`).
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local (local SGD).
@@ -459,6 +461,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
+    # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    topology, sensed = default_topology(schedule, num_groups, group_size, topology, schedule_options,
+                                        not in_process_set)
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                      average_every=average_every,
@@ -483,6 +488,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                     device_dense=device_dense, name=op_name, arguments=arguments,
                     scope=scope if in_process_set else None,
                     process_set=process_set if in_process_set else hvd.global_process_set)
+    sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
     wrapped = _optimizer_class(optimizer, _DSSyncOptimizer).from_config(optimizer.get_config())
     # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
     wrapped._dssync_local_setup(process_set, None, backward_passes_per_step, average_aggregated_gradients,

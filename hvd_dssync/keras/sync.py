@@ -63,6 +63,9 @@ def make_plan(num_groups=None, group_size=None, seed=0, schedule=None, topology=
         raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
                          "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
                          "'butterfly'.")
+    if isinstance(topology, str) and topology == "auto":  # sensed (once per job), or None for one rack
+        from .functions import default_topology
+        topology = default_topology(schedule, num_groups, group_size, topology, schedule_options, scope is None)[0]
     options = dict(schedule_options or {})
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     if topology is not None or schedule == "topology":

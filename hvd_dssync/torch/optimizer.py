@@ -966,7 +966,7 @@ def _in_training():
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
-                         num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
+                         num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
                          overlap=False, schedule_options=None, outer_momentum=0.0, policy=None,
                          sparse_average=True):
@@ -1000,7 +1000,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         seed: integer seed shared by all ranks.
         schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None
             (the default: "topology" where the racks are known, else "shuffle").
-        topology: racks for schedule "topology" (a Topology, a JSON file, or lists of ranks).
+        topology: racks for schedule "topology" (a Topology, a JSON file, or lists of ranks); "auto" (the
+            default) senses them once per job where no other DS-Sync argument names the schedule
+            (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more make
+            the default schedule "topology" on them. ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local, without communication
@@ -1047,6 +1050,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
     adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
+    # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    from .functions import _default_topology
+    topology, sensed = _default_topology(schedule, num_groups, group_size, topology, schedule_options,
+                                         scope.world_size == hvd.size())
     schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     in_process_set = scope.world_size != hvd.size()
     if in_process_set and (topology is not None or schedule == "topology"):
@@ -1079,7 +1086,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(OutsideProcessSet.__dict__))
         return cls(optimizer.param_groups, process_set, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, process_set if in_process_set else hvd.global_process_set,
-               plan, plan_arguments, model, average_buffers, overlap, scope, float(outer_momentum),
-               bool(sparse_average))
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+                  gradient_predivide_factor, sparse_as_dense,
+                  process_set if in_process_set else hvd.global_process_set, plan, plan_arguments, model,
+                  average_buffers, overlap, scope, float(outer_momentum), bool(sparse_average))
+    wrapped.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
+    return wrapped
