@@ -1,0 +1,302 @@
+"""Averaging for the PyTorch adapter: the model inside a step's group, the gradients during the warm-up.
+
+A step's average is one grouped allreduce of the parameters the optimizer trains and the model's
+floating-point buffers, on the Horovod process set of the step's group, with the step guard's signature
+riding along. Around it: the window's process sets, averaging in flight (``overlap``), the reference for
+lossy compression, and the outer momentum step.
+"""
+import time
+
+import horovod.torch as hvd
+import torch
+
+from ..plan import GLOBAL, LOCAL, ring_allreduce_bytes
+from . import collectives
+
+__all__ = ["Averaging"]
+
+
+class Averaging:
+    """How ``owner``'s model is averaged.
+
+    ``owner`` is the DS-Sync optimizer: its plan, scope, process sets (``_registry``), step, op names, step
+    guard, sparse rows and adaptive figures are read from it, since the world (and with it the plan and the
+    scope) can change under elastic Horovod.
+
+    Args:
+        model: the module whose floating-point buffers are averaged too, or None.
+        average_buffers: False keeps the buffers local.
+        overlap: start the average asynchronously and fold it in at the next step.
+        compression: Horovod's compression; a lossy one averages differences from a shared reference.
+        outer_momentum: momentum of the outer step after each average (0: plain averaging).
+
+    Example::
+
+        averaging = Averaging(optimizer, model, average_buffers=True, overlap=False,
+                              compression=hvd.Compression.none, outer_momentum=0.0)
+        averaging.average_model(plan.action(optimizer.sync_step))
+    """
+
+    def __init__(self, owner, model, average_buffers, overlap, compression, outer_momentum):
+        self._owner = owner
+        self.model = model
+        self.average_buffers = average_buffers
+        self.overlap = overlap
+        self.compression = compression
+        self.outer_momentum = outer_momentum
+        # The last averaged model all ranks share, for lossy compression (see _average_differences).
+        self._reference = None
+        self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
+        self._pending = None
+
+    def tensors(self):
+        """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
+        the model's floating-point buffers.
+
+        Frozen parameters and those the optimizer does not train never change locally. Buffers are looked
+        up at each step because ``model.to()``, ``.half()`` or SyncBatchNorm conversion replace them.
+        """
+        owner = self._owner
+        trained = {id(p) for group in owner.param_groups for p in group["params"] if p.requires_grad}
+        tensors = [(name, p) for name, p in owner._named_parameters if id(p) in trained]
+        if self.model is not None and self.average_buffers:
+            tensors += [(f"buffer.{name}", b) for name, b in self.model.named_buffers() if b.is_floating_point()]
+        return tensors
+
+    def forget(self):
+        """The world changed: the average in flight died with it, and the reference is set again."""
+        self._pending = None
+        self._reference = None
+
+    def enter_window(self):
+        """Register the process sets of the schedule's window at this step and release the last window's, when
+        the step enters a new window (collectives: every rank at the same step)."""
+        owner = self._owner
+        change = owner._plan.window_change(owner.sync_step)
+        if change is not None and not owner._in_process_set():
+            acquire, release = change
+            owner._registry.acquire(acquire)
+            owner._registry.release(release)
+
+    def warm_window_sets(self):
+        """One tiny allreduce on each process set this rank belongs to among the first window's groups and
+        the later windows' groups already registered (statically, by :func:`init`), so that Horovod's
+        one-off set-up of a set's first collective is taken here and not by the first average in it. Only
+        where every rank belongs to as many of the sets: every Horovod op advances the counter that names a
+        script's unnamed ops."""
+        owner = self._owner
+        if owner._in_process_set():
+            return
+        schedule, scope = owner._plan.schedule, owner._scope
+        size = scope.world_size
+        groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
+        sets = owner._registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
+        groups = [g for g in groups if scope.to_global(g) in sets]
+        counts = {sum(position in g for g in groups) for position in range(size)}
+        if not groups or len(counts) != 1:
+            return
+        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{owner._name}.warm.{k}", op=hvd.Sum,
+                                        process_set=sets[scope.to_global(g)])
+                   for k, g in enumerate(groups) if scope.rank in g]
+        for handle in handles:
+            collectives.wait(handle)
+
+    def average_model(self, action):
+        """The step's average of the model inside ``action``'s group (every rank of the scope at the same step)."""
+        owner = self._owner
+        guard, sparse, step = owner._guard, owner._sparse, owner.sync_step
+        self.finish_pending()
+        if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
+            owner._record(action, 0.0, 0)
+            return
+        self.enter_window()
+        if self.compression is not hvd.Compression.none and self._reference is None:
+            self._establish_reference(action)
+            return
+        process_set = self._process_set_of(action)
+        if process_set is None:
+            owner._record(action, 0.0, 0)
+            return
+        if len(action.group) == 1:
+            # Nobody to average with, so the model stays put; tiny ops on this rank's own set all the same,
+            # as many as a group's members issue (sparse averaging gathers the row sets first), since Horovod
+            # names a user's unnamed ops by counting every op of the process: every rank must issue as many
+            # ops as the others.
+            for k in range(1 if sparse.row_sets is None else 2):
+                collectives.allreduce_(torch.zeros(1), name=f"{owner._name}.alone.{k}", op=hvd.Sum,
+                                       process_set=process_set)
+            owner._record(action, 0.0, 0)
+            return
+        named = [(n, t.data) for n, t in self.tensors()]
+        name = f"{owner._name}.{action.kind}.{process_set.process_set_id}"
+        writes, gathered_bytes = [], 0
+        if sparse.row_sets is not None:
+            with guard.bounded(action, step):
+                named, writes, gathered_bytes = sparse.rows_to_average(named, action, process_set, name)
+        tensors = [t for _, t in named]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
+        # Rides along, uncompressed, so that the members find out if they are at different steps.
+        signature = guard.signature(tensors)
+        started = time.perf_counter()
+        if self.overlap:
+            sent = [t.detach().clone() for t in tensors]
+            received = [t.clone() for t in sent]
+            handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
+                                                  process_set=process_set)
+            self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
+                             started, sent_bytes)
+            return
+        with guard.bounded(action, step):
+            if self.compression is hvd.Compression.none and owner._plan.adaptive is not None:
+                signature = owner._adaptive.average(tensors, signature, name, process_set, action)
+            elif self.compression is hvd.Compression.none:
+                collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average,
+                                               process_set=process_set)
+            else:
+                sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
+        guard.check(signature * len(action.group), action, process_set, step)
+        with torch.no_grad():
+            for table, index, rows in writes:
+                table.index_copy_(0, index, rows)
+        if sparse.row_sets is not None and action.kind == GLOBAL:
+            sparse.row_sets.clear()
+        self._outer_step()
+        owner._record(action, time.perf_counter() - started, sent_bytes,
+                      sparse_rows=sum(len(index) for _, index, _ in writes))
+
+    def finish_pending(self):
+        """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
+        if self._pending is None:
+            return
+        owner = self._owner
+        if owner._world_changed():
+            # Horovod was re-initialized (elastic reset): the averaging died with the old world, and
+            # the model keeps this rank's own update.
+            self._pending = None
+            return
+        handle, tensors, sent, received, signature, action, step, process_set, started, nbytes = self._pending
+        self._pending = None
+        with owner._guard.bounded(action, step):
+            collectives.wait(handle)
+        owner._guard.check(signature * len(action.group), action, process_set, step)
+        with torch.no_grad():
+            for tensor, before, averaged in zip(tensors, sent, received):
+                tensor.add_(averaged - before)
+        self._outer_step()
+        owner._record(action, time.perf_counter() - started, nbytes)
+
+    def _process_set_of(self, action):
+        """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
+        owner = self._owner
+        if action.kind == GLOBAL or len(action.group) == owner._scope.world_size:
+            return owner.process_set
+        if owner._in_process_set() and len(action.group) == 1:
+            return None  # a group of one keeps its model; no set was registered for it
+        return owner._registry.get(owner._scope.to_global(action.group))
+
+    def _establish_reference(self, action):
+        """The first averaging step under lossy compression: an exact average over the scope sets the reference.
+
+        Every rank of the scope reaches its first averaging step at the same step, whatever its group.
+        """
+        owner = self._owner
+        size, process_set, step = owner._scope.world_size, owner.process_set, owner.sync_step
+        tensors = [t.data for _, t in self.tensors()]
+        started = time.perf_counter()
+        everyone = action._replace(kind=GLOBAL, group=tuple(range(size)))
+        signature = owner._guard.signature(tensors)
+        with owner._guard.bounded(everyone, step):
+            collectives.grouped_allreduce_(tensors + [signature],
+                                           name=f"{owner._name}.reference.{process_set.process_set_id}",
+                                           op=hvd.Average, process_set=process_set)
+        owner._guard.check(signature * size, everyone, process_set, step)
+        self._reference = [t.detach().clone() for t in tensors]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        owner._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(size, nbytes))
+
+    def _average_differences(self, tensors, action, process_set, name, signature):
+        """Average the group's models through their compressed differences from the shared reference.
+
+        Rank ``j`` sends ``C(x_j - r)`` and keeps ``x_j <- r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``:
+        the group's mean is kept exactly (up to the collective's own arithmetic on the compressed
+        differences), and each rank stays within its own compression error of it, so an update smaller
+        than the compression's resolution is carried, never rounded away. ``r`` must be the same on every
+        member: set by an exact average over the scope, moved by global averages only. The step signature
+        rides along uncompressed. Returns the bytes sent and the averaged signature.
+        """
+        compression = self.compression
+        differences = [t - r for t, r in zip(tensors, self._reference)]
+        compressed, contexts = zip(*(compression.compress(d) for d in differences))
+        *averaged, signature = collectives.grouped_allreduce(list(compressed) + [signature], name=name,
+                                                             op=hvd.Average, process_set=process_set)
+        for t, r, d, c, a, ctx in zip(tensors, self._reference, differences, compressed, averaged, contexts):
+            received = compression.decompress(a, ctx)
+            t.copy_(r + received + (d - compression.decompress(c, ctx)))
+            if action.kind == GLOBAL:
+                r.add_(received)
+        nbytes = sum(c.numel() * c.element_size() for c in compressed)
+        return ring_allreduce_bytes(len(action.group), nbytes), signature
+
+    def _outer_step(self):
+        """With ``outer_momentum`` > 0: momentum on the change of the averaged model since the last average.
+
+        SlowMo / DiLoCo's outer step, with an outer learning rate of 1: ``m <- beta m + (x - anchor)``, then
+        ``x <- anchor + m`` and ``anchor <- x``, where ``x`` is this rank's parameters just averaged and
+        ``anchor`` their value after the previous outer step (the first average only sets it). ``beta = 0``
+        is plain averaging. Buffers (BatchNorm statistics) are left as averaged. No communication.
+        """
+        if not self.outer_momentum:
+            return
+        params = [t.data for name, t in self.tensors() if not name.startswith("buffer.")]
+        with torch.no_grad():
+            if self._outer is None:
+                self._outer = ([p.detach().clone() for p in params], [torch.zeros_like(p) for p in params])
+                return
+            for p, anchor, momentum in zip(params, *self._outer):
+                momentum.mul_(self.outer_momentum).add_(p - anchor)
+                p.copy_(anchor + momentum)
+                anchor.copy_(p)
+
+    def outer_state(self):
+        """The outer step's anchors and momentum, copied, for the checkpoint; None before the first average."""
+        if self._outer is None:
+            return None
+        return {"anchors": [a.clone() for a in self._outer[0]], "momentum": [m.clone() for m in self._outer[1]]}
+
+    def load_outer_state(self, outer):
+        """Anchors and momentum saved by :meth:`outer_state` (None: the next average sets them)."""
+        self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
+
+    def average_gradients(self):
+        """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does."""
+        owner = self._owner
+        params = [p for _, p in owner._named_parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                # Every rank must reduce the same tensors; a parameter unused here contributes zeros.
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse and not owner.sparse_as_dense:
+                raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
+        sparse_dims = [p.grad.sparse_dim() if p.grad.is_sparse else None for p in params]
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
+        prescale, postscale = 1.0, 1.0
+        if owner.op == hvd.Average and owner.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / owner.gradient_predivide_factor
+            postscale = owner.gradient_predivide_factor
+        compressed = [self.compression.compress(g) for g in grads]
+        action = owner._plan.action(owner.sync_step)
+        signature = owner._guard.signature(grads)
+        with owner._guard.bounded(action, owner.sync_step):
+            *reduced, signature = collectives.grouped_allreduce([c for c, _ in compressed] + [signature],
+                                                                name=f"{owner._name}.bsp", op=owner.op,
+                                                                prescale_factor=prescale, postscale_factor=postscale,
+                                                                process_set=owner.process_set)
+        owner._guard.check(signature * (owner._scope.world_size if owner.op == hvd.Average else 1), action,
+                           owner.process_set, owner.sync_step)
+        for p, g, r, (_, ctx), sparse_dim in zip(params, grads, reduced, compressed, sparse_dims):
+            g.copy_(self.compression.decompress(r, ctx))
+            if sparse_dim is not None:
+                # The layout the optimizer saw before (an embedding's rows), or its sparse momentum buffer
+                # could not add the gradients of later steps.
+                p.grad = g.to_sparse(sparse_dim)

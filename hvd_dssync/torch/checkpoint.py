@@ -1,0 +1,74 @@
+"""DS-Sync's part of the PyTorch optimizer's checkpoint: ``state_dict()["dssync"]``.
+
+It carries the step (so that a resumed job continues the schedule where it stopped), the configuration and
+arguments it was built with (checked on loading), the adaptive policy's state, the sparse rows in play and
+the outer momentum.
+"""
+__all__ = ["dssync_state", "load_dssync_state", "portable_arguments"]
+
+
+def dssync_state(optimizer):
+    """The ``"dssync"`` entry of ``optimizer.state_dict()``; call it with no averaging in flight.
+
+    Example::
+
+        state = super().state_dict()
+        state["dssync"] = dssync_state(optimizer)
+    """
+    plan = optimizer._plan
+    state = {"sync_step": optimizer.sync_step, "config": plan.config(),
+             "arguments": portable_arguments(optimizer._plan_arguments)}
+    if plan.adaptive is not None:
+        state["adaptive"] = plan.adaptive.state()
+    if optimizer._sparse.enabled:
+        # None: no sets yet, every rank's model is the same; else this rank's rows that may differ.
+        state["sparse_rows"] = optimizer._sparse.state()
+    outer = optimizer._averaging.outer_state()
+    if outer is not None:
+        state["outer"] = outer
+    return state
+
+
+def load_dssync_state(optimizer, saved):
+    """Check ``saved`` (a ``"dssync"`` entry) against ``optimizer`` and take its step and state.
+
+    A state saved in a world of the same size must have the same schedule configuration; one saved in a
+    world of another size (elastic Horovod, or a job restarted on more or fewer ranks) must have been built
+    with the same arguments, and the schedule is that of the current world.
+
+    Example::
+
+        saved = state_dict.pop("dssync", None)
+        if saved is not None:
+            load_dssync_state(optimizer, saved)
+    """
+    plan = optimizer._plan
+    same_world = saved["config"]["schedule"].get("world_size") == plan.world_size
+    if same_world and saved["config"] != plan.config():
+        raise ValueError(f"the checkpoint's DS-Sync configuration {saved['config']} differs from "
+                         f"this optimizer's {plan.config()}; resume with the same arguments.")
+    mine = portable_arguments(optimizer._plan_arguments)
+    if not same_world and saved.get("arguments") != mine:
+        raise ValueError(f"the checkpoint's DS-Sync arguments {saved.get('arguments')} differ from "
+                         f"this optimizer's {mine}; resume with the same arguments.")
+    optimizer.finish_pending()
+    optimizer.sync_step = int(saved["sync_step"])
+    if plan.adaptive is not None and "adaptive" in saved:
+        plan.adaptive.load(saved["adaptive"])
+    optimizer._averaging.load_outer_state(saved.get("outer"))
+    # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.
+    optimizer._sparse.load(saved.get("sparse_rows", {}))
+
+
+def portable_arguments(arguments):
+    """The plan's arguments as plain data, for checkpoints (a schedule object by its configuration).
+
+    Example::
+
+        portable_arguments({"schedule": "shuffle", "topology": None, "seed": 0})
+    """
+    out = dict(arguments)
+    schedule, topology = out["schedule"], out["topology"]
+    out["schedule"] = schedule if isinstance(schedule, str) else getattr(schedule, "config", lambda: repr(schedule))()
+    out["topology"] = None if topology is None else getattr(topology, "to_dict", lambda: repr(topology))()
+    return out

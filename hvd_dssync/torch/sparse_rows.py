@@ -1,0 +1,139 @@
+"""Sparse averaging of embedding tables (:mod:`hvd_dssync.sparse`) for the PyTorch adapter.
+
+Which tables are averaged sparsely is agreed at the first step after the warm-up (until then every rank's
+model is the same); from then on each rank notes the rows its updates may change, and each average
+gathers the group's row sets and averages only the rows of their union.
+"""
+import warnings
+
+import horovod.torch as hvd
+import torch
+
+from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
+from . import collectives
+
+__all__ = ["SparseRows"]
+
+
+class SparseRows:
+    """The rows of ``owner``'s embedding tables that may differ between ranks.
+
+    ``owner`` is the DS-Sync optimizer: its named parameters, gradients, param groups and state tell which
+    rows a step changed. ``enabled``: sparse averaging is on (off with overlap or a lossy compression).
+
+    Example::
+
+        sparse = SparseRows(optimizer, enabled=True)
+        sparse.agree()                  # once, at the first averaging step (a collective)
+        sparse.note_changed()           # after each local update
+        named, writes, nbytes = sparse.rows_to_average(named, action, process_set, name)
+    """
+
+    def __init__(self, owner, enabled):
+        self._owner = owner
+        self.enabled = enabled
+        self.tables = None  # {name: parameter} once agreed
+        self.row_sets = None
+        self._loaded = None  # sets from load_state_dict(), applied when the tables are agreed
+
+    def agree(self):
+        """Agree with every rank of the scope on the tables averaged sparsely (one small allreduce, once).
+
+        A table qualifies if some rank saw a sparse gradient for it and no rank's optimizer can change rows
+        outside what :meth:`changed_rows` reports. Ranks whose table got no gradient this step still
+        agree, since the flags are reduced with max.
+        """
+        owner = self._owner
+        params = [p for _, p in owner._named_parameters]
+        seen = [float(p.grad is not None and p.grad.is_sparse) for p in params]
+        unsupported = [float(s and self.changed_rows(p) is None) for s, p in zip(seen, params)]
+        flags = hvd.allreduce(torch.tensor(seen + unsupported), name=f"{owner._name}.sparse", op=hvd.Max,
+                              process_set=owner.process_set)
+        n = len(params)
+        self.tables = {name: p for k, (name, p) in enumerate(owner._named_parameters)
+                       if flags[k] and not flags[n + k]}
+        skipped = [name for k, (name, _) in enumerate(owner._named_parameters) if flags[k] and flags[n + k]]
+        if skipped:
+            warnings.warn(f"hvd_dssync: {', '.join(skipped)} averaged densely: sparse averaging needs an optimizer "
+                          "that changes only the rows it reports (SGD, SparseAdam, Adagrad), not "
+                          f"{type(owner).__name__} with these settings.")
+        self._start()
+
+    def _start(self):
+        if not self.tables:
+            self.row_sets = None
+            return
+        self.row_sets = RowSets({name: p.shape[0] for name, p in self.tables.items()})
+        if self._loaded is not None:
+            self.row_sets.load_state_dict(self._loaded)
+
+    def forget(self):
+        """The world changed and elastic Horovod broadcast rank 0's model: no row differs, and the ranks agree
+        on the tables again at the next averaging step."""
+        self.tables = self.row_sets = self._loaded = None
+
+    def changed_rows(self, p):
+        """Rows of table ``p`` that this step's update may have changed, or None if the optimizer can change
+        others. Read after the step: SGD with momentum moves every row still in its (sparse) buffer."""
+        owner = self._owner
+        group = next(g for g in owner.param_groups if any(q is p for q in g["params"]))
+        if isinstance(owner, torch.optim.SGD) and not group.get("weight_decay"):
+            if not group.get("momentum"):
+                return _gradient_rows(p)
+            buffer = owner.state.get(p, {}).get("momentum_buffer")
+            if buffer is None:
+                return _gradient_rows(p)
+            return buffer.coalesce().indices()[0].numpy() if buffer.is_sparse else None
+        if isinstance(owner, (torch.optim.SparseAdam, torch.optim.Adagrad)) and not group.get("weight_decay"):
+            return _gradient_rows(p)
+        return None
+
+    def note_changed(self):
+        """Add the rows this step's local update may have changed to this rank's row sets."""
+        if self.row_sets is None:
+            return
+        for name, p in self.tables.items():
+            rows = self.changed_rows(p)
+            if rows is not None and len(rows):
+                self.row_sets.touch(name, rows)
+
+    def rows_to_average(self, named, action, process_set, name):
+        """Gather the group's row sets; put in place of each sparse table the rows of the union (or the whole
+        table where that is cheaper). Returns the tensors to average, the ``(table, index, rows)`` to write back
+        after the average, and the bytes the gathering sent. Every member adopts the union."""
+        mine = torch.from_numpy(pack_rows(self.row_sets))
+        gathered = collectives.allgather(mine, name=f"{name}.rows", process_set=process_set)
+        gathered_bytes = allgather_bytes(len(action.group), gathered.numel() * gathered.element_size())
+        unions = unpack_unions(gathered.numpy(), self.row_sets.tables)
+        out, writes = [], []
+        for tensor_name, tensor in named:
+            union = unions.get(tensor_name)
+            if union is None or average_densely(len(union), tensor.shape[0]):
+                out.append((tensor_name, tensor))
+            elif len(union):
+                index = torch.from_numpy(union)
+                rows = tensor.index_select(0, index)
+                out.append((tensor_name, rows))
+                writes.append((tensor, index, rows))
+            # an empty union: the table is equal on every member, nothing to send
+        for table, union in unions.items():
+            self.row_sets.adopt(table, union)
+        return out, writes, gathered_bytes
+
+    def state(self):
+        """For the checkpoint: None while there are no sets (every rank's model is the same), else this rank's
+        rows that may differ."""
+        if self.row_sets is None:
+            return None
+        return {name: torch.from_numpy(rows) for name, rows in self.row_sets.state_dict().items()}
+
+    def load(self, rows):
+        """Rows saved by :meth:`state`; a checkpoint without sets (``{}``: sparse averaging off when it was
+        saved) means every row may differ."""
+        self._loaded = None if rows is None else {k: torch.as_tensor(v).numpy() for k, v in rows.items()}
+        if self.tables is not None:
+            self._start()
+
+
+def _gradient_rows(p):
+    return p.grad.coalesce().indices()[0].numpy() if p.grad is not None and p.grad.is_sparse else None
