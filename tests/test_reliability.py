@@ -16,7 +16,7 @@ from hvd_dssync.plan import SyncPlan, agreement_fields, agreement_payload, check
 from hvd_dssync.process_sets import ProcessSetRegistry
 from hvd_dssync.schedules import UserSchedule
 from hvd_dssync.topology import Topology
-from multirank import LAUNCHERS, ROOT, WORKERS, job_env, run
+from multirank import LAUNCHERS, ROOT, WORKERS, job_env, kill_session, run
 
 
 # --- messages, without Horovod -------------------------------------------------------------------
@@ -210,19 +210,18 @@ def _elastic_job(tmp_path, worker, first_hosts, np, min_np, max_np, *worker_args
     discovery.chmod(0o755)
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [horovodrun, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
-           "--host-discovery-script", str(discovery), "--network-interface", "lo", "--gloo-timeout-seconds", "60",
+           "--host-discovery-script", str(discovery), "--network-interface", "lo",
            sys.executable, os.path.join(WORKERS, worker), str(hosts), *map(str, worker_args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=job_env("gloo"), start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
         output, _ = proc.communicate()
         pytest.fail(f"elastic job {worker} hung past {timeout}s; output:\n{output}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
     return proc.returncode, output
 
 

@@ -153,7 +153,7 @@ def test_same_arguments_same_partitions_in_another_process(expression):
             f"s = {expression}; print(json.dumps([s.groups(t) for t in {steps}]))")
     # A different hash seed would expose any dependence on set or dict iteration order.
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout
+                         env={"PYTHONHASHSEED": "12345", "PATH": ""}, timeout=120).stdout
     here = eval(expression, {"Shuffle": Shuffle, "Butterfly": Butterfly, "TopologyAware": TopologyAware,
                              "Topology": Topology})
     assert json.loads(out) == json.loads(json.dumps([here.groups(t) for t in steps]))
