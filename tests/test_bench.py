@@ -314,3 +314,30 @@ def test_stop_signal_stops_every_rank_at_one_step_without_a_collective(tmp_path)
     assert [behind.now(t) for t in (6, 12, 13)] == [False, False, True]
     with pytest.raises(RuntimeError, match="stop margin"):
         ahead.now(14)
+
+
+@needs_namespaces
+@pytest.mark.multirank
+def test_the_default_senses_the_racks_behind_the_slow_link():
+    """4 emulated hosts of one rank, 2 racks behind a 10x slower link: topology='auto' measures the racks and
+    the default schedule becomes the topology-aware one on them."""
+    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
+
+    worker = os.path.join(ROOT, "tests", "workers", "torch_sensing_hosts.py")
+    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
+        rendezvous, port = _start_rendezvous(bed, time.monotonic() + 120)
+        procs = [bed.popen(rank, [sys.executable, worker], env=rank_env(bed, rank, "dssync-default", port),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rank in range(bed.size)]
+        try:
+            outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            rendezvous.stdin.close()
+            rendezvous.wait(timeout=10)
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    (sensed,) = [json.loads(line[7:]) for line in outputs[0].splitlines() if line.startswith("SENSED ")]
+    assert (sensed["how"], sensed["racks"], sensed["pairs"]) == ("measured", [[0, 1], [2, 3]], 6), sensed
+    assert sensed["schedule"] == "TopologyAware", sensed

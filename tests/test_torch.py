@@ -113,3 +113,10 @@ def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing."""
     output = run(launcher, np, "torch_outside_set.py", timeout=180)
     assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(4,)))
+def test_the_default_senses_one_host_and_keeps_its_schedule(launcher, np):
+    """On one host (loopback) topology='auto' finds one host with no probe and keeps random groups."""
+    output = run(launcher, np, "torch_sensing.py", timeout=240)
+    assert output.count("all checks passed") == np, output
