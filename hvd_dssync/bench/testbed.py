@@ -1,4 +1,7 @@
-"""An emulated cluster on one Linux machine: one network namespace per rank, one bridge per rack.
+"""An emulated cluster on one Linux machine: one network namespace per host, one bridge per rack.
+
+A host holds ``slots_per_host`` ranks (1 by default: one rank per namespace); ``h0``, ``h1``... below are
+hosts, and ranks are numbered host by host.
 
 Layout (``RUN`` is a per-run id such as ``dss3fa2``, so concurrent runs never touch each other)::
 
@@ -162,6 +165,7 @@ class Testbed:
 
     Args:
         racks: ranks per rack, e.g. ``[4, 4]``; ranks are numbered rack by rack.
+        slots_per_host: ranks per host (one namespace); every rack's rank count must be a multiple.
         intra_mbit: rate of every host's own link (Mbit/s); 0 leaves it unshaped.
         inter_mbit: rate of each link between racks (Mbit/s, each direction); 0 leaves it unshaped.
         delay_ms: added one-way delay on the links between racks.
@@ -177,20 +181,26 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, whatever its name
 
-    def __init__(self, racks, intra_mbit=0.0, inter_mbit=0.0, delay_ms=0.0):
+    def __init__(self, racks, intra_mbit=0.0, inter_mbit=0.0, delay_ms=0.0, slots_per_host=1):
         if not racks or any(int(n) < 1 for n in racks):
             raise ValueError(f"Arg ``racks`` must list positive rank counts, got {racks!r}.")
         if sum(racks) > 200:
             raise ValueError("Arg ``racks``: at most 200 ranks fit the testbed's /24 subnet.")
         if intra_mbit < 0 or inter_mbit < 0 or delay_ms < 0:
             raise ValueError("Rates and delay must be non-negative.")
+        self.slots_per_host = int(slots_per_host)
+        if self.slots_per_host < 1 or any(int(n) % self.slots_per_host for n in racks):
+            raise ValueError(f"Arg ``slots_per_host`` ({slots_per_host!r}) must be positive and divide every "
+                             f"rack's rank count {list(racks)!r}.")
         self.racks = [int(n) for n in racks]
         self.size = sum(self.racks)
+        self.host_count = self.size // self.slots_per_host
         self.intra_mbit = float(intra_mbit)
         self.inter_mbit = float(inter_mbit)
         self.delay_ms = float(delay_ms)
         self.run_id = f"dss{uuid.uuid4().hex[:4]}"
         self.rack_of = [k for k, n in enumerate(self.racks) for _ in range(n)]
+        self.host_rack = [self.rack_of[h * self.slots_per_host] for h in range(self.host_count)]
         self.bottleneck_links = []  # (name, from rack, to rack): the egress of each inter-rack veth end
         self._procs = []
         self._closed = True
@@ -199,14 +209,33 @@ class Testbed:
     # --- naming ----------------------------------------------------------------------------
 
     def namespace(self, rank):
-        return f"{self.run_id}-h{rank}"
+        """The namespace of ``rank``'s host."""
+        return self.host_namespace(rank // self.slots_per_host)
 
     def address(self, rank):
-        return str(SUBNET.network_address + FIRST_HOST + rank)
+        """The address of ``rank``'s host."""
+        return self.host_address(rank // self.slots_per_host)
+
+    def host_namespace(self, host):
+        return f"{self.run_id}-h{host}"
+
+    def host_address(self, host):
+        return str(SUBNET.network_address + FIRST_HOST + host)
 
     @property
     def hostname(self):
         return socket.gethostname()
+
+    def hosts_arg(self):
+        """Horovod's and Open MPI's ``-H`` value: ``10.77.0.10:2,10.77.0.11:2`` (address:slots per host)."""
+        return ",".join(f"{self.host_address(h)}:{self.slots_per_host}" for h in range(self.host_count))
+
+    def host_map(self):
+        """``{address or namespace name: namespace}`` of every host: the remote shell's map."""
+        out = {}
+        for h in range(self.host_count):
+            out[self.host_address(h)] = out[self.host_namespace(h)] = self.host_namespace(h)
+        return out
 
     def rack_ranks(self):
         out, start = [], 0
@@ -257,21 +286,23 @@ class Testbed:
         for k in range(len(self.racks)):
             _ip("link", "add", f"{rid}-br{k}", "type", "bridge")
             _ip("link", "set", f"{rid}-br{k}", "up")
-        for rank in range(self.size):
-            ns, outside = self.namespace(rank), f"{rid}-v{rank}"
+        for host in range(self.host_count):
+            ns, outside = self.host_namespace(host), f"{rid}-v{host}"
             os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 # ip netns exec bind-mounts this over /etc/hosts: the hostname resolves to this
                 # namespace's own address, not loopback, so Gloo finds the right interface without
                 # HOROVOD_GLOO_IFACE too.
-                f.write(f"127.0.0.1 localhost\n{self.address(rank)} {self.hostname} {ns}\n")
-                for other in range(self.size):
-                    if other != rank:
-                        f.write(f"{self.address(other)} {self.namespace(other)}\n")
+                # The namespace's name is its hostname where a launcher starts a host's processes in a UTS
+                # namespace of their own (hvd_dssync.bench.remote_shell).
+                f.write(f"127.0.0.1 localhost\n{self.host_address(host)} {self.hostname} {ns}\n")
+                for other in range(self.host_count):
+                    if other != host:
+                        f.write(f"{self.host_address(other)} {self.host_namespace(other)}\n")
             _ip("netns", "add", ns)
             _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", outside, "master", f"{rid}-br{self.rack_of[rank]}", "up")
-            _ip("-n", ns, "addr", "add", f"{self.address(rank)}/{SUBNET.prefixlen}", "dev", "eth0")
+            _ip("link", "set", outside, "master", f"{rid}-br{self.host_rack[host]}", "up")
+            _ip("-n", ns, "addr", "add", f"{self.host_address(host)}/{SUBNET.prefixlen}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             if self.intra_mbit:
@@ -315,8 +346,8 @@ class Testbed:
         """Change the rate of every host's own link now (a scenario with faster or slower hosts)."""
         if not mbit:
             raise ValueError("Arg ``mbit`` must be positive.")
-        for rank in range(self.size):
-            self._tbf(["ip", "netns", "exec", self.namespace(rank)], "eth0", mbit, 0.0,
+        for host in range(self.host_count):
+            self._tbf(["ip", "netns", "exec", self.host_namespace(host)], "eth0", mbit, 0.0,
                       "change" if self.intra_mbit else "replace")
         self.intra_mbit = float(mbit)
 
@@ -385,6 +416,8 @@ class Testbed:
         return {"mode": "namespaces", "run_id": self.run_id, "racks": self.rack_ranks(),
                 "intra_mbit": self.intra_mbit, "inter_mbit": self.inter_mbit, "delay_ms": self.delay_ms,
                 "addresses": [self.address(r) for r in range(self.size)],
+                "slots_per_host": self.slots_per_host,
+                "hosts": [self.host_address(h) for h in range(self.host_count)],
                 "bottleneck_links": [n for n, _, _ in self.bottleneck_links]}
 
 

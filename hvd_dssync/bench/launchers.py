@@ -1,0 +1,75 @@
+"""Launch a job across the testbed's emulated hosts with the real launchers, as on a cluster.
+
+The launcher runs inside the first host's namespace (a cluster's head node) and reaches the other hosts
+through its own remote-shell setting, pointed at :mod:`hvd_dssync.bench.remote_shell`:
+
+- ``horovodrun -np N -H 10.77.0.10:S,10.77.0.11:S --gloo --network-interface eth0 ...``, with a wrapper
+  named ``ssh`` first on PATH (horovodrun calls ``ssh`` for every host that is not local);
+- ``mpirun -np N -H ... --mca plm_rsh_agent WRAPPER --mca btl_tcp_if_include eth0 ...`` with Horovod's MPI
+  controller and operations.
+
+Example::
+
+    with Testbed(racks=[2, 2], slots_per_host=2) as bed, tempfile.TemporaryDirectory() as tmp:
+        argv = launch_command(bed, "horovodrun", [sys.executable, "train.py"], tmp)
+        proc = bed.popen_head(argv, env=launch_env(bed, "horovodrun", tmp))
+"""
+import os
+import shutil
+import sys
+
+from hvd_dssync.bench.remote_shell import host_command, write_agent
+
+__all__ = ["LAUNCHERS", "launch_command", "launch_env", "head_command"]
+
+LAUNCHERS = ("horovodrun", "mpirun")
+IFACE = "eth0"
+
+# More ranks than cores: no busy-waiting, single-threaded math (docs/faq.md).
+_QUIET = {
+    "OMP_NUM_THREADS": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def launch_env(bed, launcher, agent_dir, base=None):
+    """The launcher's environment: the remote shell first on PATH, Gloo on the hosts' interface."""
+    env = dict(os.environ if base is None else base)
+    env.update(_QUIET)
+    env["PATH"] = os.pathsep.join([agent_dir, os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["HOROVOD_GLOO_IFACE"] = IFACE
+    for key in [k for k in env if k.startswith("OMPI_MCA_") and k.endswith("_if_include")]:
+        del env[key]  # a loopback-only setting from single-host jobs would keep the hosts apart
+    if launcher == "mpirun":
+        env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi")
+    return env
+
+
+def launch_command(bed, launcher, argv, agent_dir, extra_env_names=()):
+    """The launcher's argv for ``argv`` on every rank of ``bed``; writes the remote shell into ``agent_dir``."""
+    agent = write_agent(agent_dir, bed.host_map())
+    hosts = bed.hosts_arg()
+    if launcher == "horovodrun":
+        return [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(bed.size), "-H", hosts,
+                "--gloo", "--network-interface", IFACE, *argv]
+    if launcher == "mpirun":
+        exported = ["HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE", "PATH", "PYTHONPATH",
+                    *_QUIET, *extra_env_names]
+        return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                "-np", str(bed.size), "-H", hosts,
+                "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+                "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", IFACE,
+                "--mca", "oob_tcp_if_include", IFACE,
+                *[a for k in exported for a in ("-x", k)], *argv]
+    raise ValueError(f"unknown launcher {launcher!r}; use one of {LAUNCHERS}")
+
+
+def head_command(bed, argv):
+    """``argv`` run on the first host (the head node), with that host's hostname."""
+    import shlex
+
+    return host_command(bed.host_namespace(0), "exec " + " ".join(shlex.quote(a) for a in argv))
