@@ -1,0 +1,93 @@
+"""Jobs across emulated hosts of several ranks each, launched as on a cluster by horovodrun and mpirun.
+
+The launcher runs in the first host's network namespace (the head node) and reaches the other host through
+its own remote-shell setting, pointed at hvd_dssync.bench.remote_shell (docs/multihost.md). The namespace
+tests need root and network namespaces; elsewhere they are skipped with the reason.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from hvd_dssync.bench.launchers import LAUNCHERS, head_command, launch_command, launch_env
+from hvd_dssync.bench.remote_shell import parse_ssh_args
+from hvd_dssync.bench.testbed import Testbed, namespaces_available
+from multirank import ROOT, WORKERS, JobFailed, kill_session
+
+_AVAILABLE, _WHY = namespaces_available()
+needs_namespaces = pytest.mark.skipif(not _AVAILABLE, reason=f"network namespaces are not allowed here: {_WHY}")
+SLOTS = 2
+LAUNCH_TIMEOUT = 300  # seconds for one job; a job on an idle machine takes about a minute
+
+
+def test_remote_shell_reads_the_launchers_ssh_arguments():
+    # horovodrun: ssh -o ... HOST [-p PORT] [-o ConnectTimeout=N] 'COMMAND'
+    assert parse_ssh_args(["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", "10.77.0.11",
+                           "-o", "ConnectTimeout=10", "true"]) == ("10.77.0.11", "true")
+    assert parse_ssh_args(["10.77.0.11", "-p", "22", "cd /x ; env A=1 python t.py"]) == \
+        ("10.77.0.11", "cd /x ; env A=1 python t.py")
+    # Open MPI's plm_rsh_agent: AGENT [-x] HOST orted ARGS...
+    assert parse_ssh_args(["-x", "10.77.0.11", "orted", "-mca", "ess", "env"]) == ("10.77.0.11", "orted -mca ess env")
+    assert parse_ssh_args(["root@h1", "true"]) == ("h1", "true")
+    with pytest.raises(ValueError):
+        parse_ssh_args(["-o", "X=1"])
+
+
+def test_slots_per_host_must_divide_every_rack():
+    with pytest.raises(ValueError, match="slots_per_host"):
+        Testbed(racks=[3, 1], slots_per_host=2)
+    bed = Testbed(racks=[2, 2], slots_per_host=2)  # not created: naming alone
+    assert [bed.namespace(r)[-3:] for r in range(4)] == ["-h0", "-h0", "-h1", "-h1"]
+    assert bed.hosts_arg() == "10.77.0.10:2,10.77.0.11:2" and bed.host_count == 2
+
+
+@pytest.fixture
+def two_hosts():
+    """Two emulated hosts of SLOTS ranks, one per rack; removed on every exit path."""
+    bed = Testbed(racks=[SLOTS, SLOTS], slots_per_host=SLOTS)
+    try:
+        bed.create()
+        with tempfile.TemporaryDirectory(prefix="hvd_dssync-agent-") as agent_dir:
+            yield bed, agent_dir
+    finally:
+        bed.close()
+
+
+def launch(bed, agent_dir, launcher, script, *args, timeout=LAUNCH_TIMEOUT):
+    """Run ``tests/workers/<script>`` on every rank of ``bed`` through ``launcher``; return its output."""
+    argv = head_command(bed, launch_command(bed, launcher, [sys.executable, os.path.join(WORKERS, script),
+                                                            *map(str, args)], agent_dir))
+    env = launch_env(bed, launcher, agent_dir)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        bed.close()  # and every process left in the hosts' namespaces
+        output, _ = proc.communicate()
+        raise JobFailed(f"{launcher} job {script} across {bed.hosts_arg()} hung past {timeout}s; output:\n{output}")
+    finally:
+        kill_session(proc.pid)
+    if proc.returncode != 0:
+        raise JobFailed(f"{launcher} job {script} across {bed.hosts_arg()} exited {proc.returncode} after "
+                        f"{time.monotonic() - started:.1f}s; output:\n{output}")
+    return output
+
+
+@needs_namespaces
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_torch_across_two_hosts_of_two_ranks(two_hosts, launcher):
+    bed, agent_dir = two_hosts
+    output = launch(bed, agent_dir, launcher, "multihost_torch.py", SLOTS)
+    assert output.count("all checks passed") == bed.size, output
+    assert output.count("sensed hosts [[0, 1], [2, 3]]") == bed.size, output
+    # Each rank ran on its own emulated host: that host's namespace is its hostname.
+    for rank in range(bed.size):
+        assert f"rank {rank} on {bed.namespace(rank)}:" in output, output
