@@ -5,8 +5,7 @@ waiting for its group's average keeps a core busy until the average lands. Where
 ranks than cores, or ranks beside data loaders), that busy wait takes the core from the ranks still
 computing and from the Horovod threads that move the bytes. Here a rank sleeps between polls instead,
 a little longer each time up to :data:`LONGEST_SLEEP`, which bounds what a finished op waits to be noticed.
-On the emulated cluster's 2 cores, 8 ranks: a rack's average of 1.2 MB took 46 ms this way against 62 ms
-with ``hvd.synchronize`` alone (``torch.distributed``'s: 37 ms); docs/benchmarks.md has the figures.
+docs/tuning.md has what this wait measured against ``hvd.synchronize`` on the emulated cluster.
 """
 import time
 
