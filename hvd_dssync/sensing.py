@@ -9,10 +9,13 @@ today's default, random groups):
 2. **Hosts**: one allgather of the hostnames (:func:`hvd_dssync.topology.host_name`). Where the job spans
    several hosts that each run several ranks, each host is a rack (:func:`layout`).
 3. **Measured**: where that says nothing (a host with one rank, as on the bench: one rank per emulated
-   host), the lowest rank of each host times an allreduce with every other host's, in round-robin rounds
-   of disjoint pairs, on two-rank process sets registered once for the whole probe (:func:`probe_groups`)
-   and removed once after it (Horovod's Gloo controller is sensitive to sets added and removed while it
-   runs); then ONE allgather of every rank's figures, from which every rank builds the same racks
+   host), the first rank of each host sends ``SENSE_NBYTES`` to every other host's over TCP, in
+   round-robin rounds of disjoint pairs (:class:`PairProbe`: a listener on the address Horovod's Gloo uses,
+   its endpoint gathered with the host names). Plain sockets, not Horovod: no process set is registered
+   (Horovod's Gloo controller is sensitive to sets added and removed while it runs), and a transfer's time
+   is the link's, not Horovod's negotiation (timed as two-rank allreduces, with the probe's sets registered,
+   a 512 KB allreduce took 0.1 to 0.56 s on the bench whatever the link, and no rack showed). Then ONE
+   allgather of every rank's figures, from which every rank builds the same racks
    (:func:`racks_from_figures`: slow links below ``slow_fraction`` of the fastest pair's rate).
 
 The result is a :class:`Sensed` (how, what was found, what it cost), kept per process (:func:`sense_once`),
@@ -20,14 +23,17 @@ so a later optimizer of the same job probes nothing. Numpy only: the adapters su
 """
 import logging
 import math
+import os
+import socket
 import time
 
 import numpy as np
 
-from .topology import Topology, racks_from_rates, round_robin_pairings
+from .topology import Topology, host_name, racks_from_rates, round_robin_pairings
 
-__all__ = ["AUTO", "Sensed", "layout", "probe_groups", "measure", "racks_from_figures", "sense", "sense_once",
-           "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS", "MAX_PROBED_HOSTS"]
+__all__ = ["AUTO", "Sensed", "layout", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
+           "sense", "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS",
+           "MAX_PROBED_HOSTS"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 SENSE_NBYTES = 524288  # bytes of each timed allreduce of the probe
@@ -131,57 +137,170 @@ def layout(rank_hosts):
     return "measure", [r[0] for r in ranks]
 
 
-def probe_groups(leaders):
-    """The probe's rounds of disjoint pairs of ``leaders`` (every pair once) and the pair groups to register,
-    sorted: all of them at once, once for the whole probe.
+def probe_rounds(leaders):
+    """The probe's rounds of disjoint pairs of ``leaders``, every pair once (circle method).
 
     Example::
 
-        >>> rounds, groups = probe_groups([0, 2, 4])
-        >>> rounds
+        >>> probe_rounds([0, 2, 4])
         [[(2, 4)], [(0, 4)], [(0, 2)]]
-        >>> groups
-        [(0, 2), (0, 4), (2, 4)]
     """
-    rounds = [[(leaders[a], leaders[b]) for a, b in pairs] for pairs in round_robin_pairings(len(leaders))]
-    return rounds, sorted(g for pairs in rounds for g in pairs)
+    return [[(leaders[a], leaders[b]) for a, b in pairs] for pairs in round_robin_pairings(len(leaders))]
 
 
-def measure(rank, leaders, registry, time_allreduce, repeats=SENSE_REPEATS):
-    """This rank's figures: the fastest of ``repeats`` timed allreduces with each host leader it is paired
-    with (after an unmeasured one that meets the partner), by host index; NaN elsewhere.
-
-    ``registry`` is the job's :class:`hvd_dssync.process_sets.ProcessSetRegistry`; the pair groups are
-    acquired once before the rounds and released once after them (collectives, on every rank).
-    ``time_allreduce(process_set, name, warm)`` runs one blocking allreduce on the set and returns its
-    seconds (``warm``: the unmeasured one, which may carry one element). The pairs of a round run at the
-    same time; a rank in no pair of a round (an odd number of hosts, or not a host's first rank) waits.
+def local_address(environ=None):
+    """The IPv4 address other hosts reach this rank at, or ``None``: that of ``HOROVOD_GLOO_IFACE`` (the
+    interface Horovod's Gloo uses), else the one that routes to ``HOROVOD_GLOO_RENDEZVOUS_ADDR``, else the
+    host name's; a loopback address reaches no other host (``None``).
 
     Example::
 
-        >>> class Registry:
-        ...     def acquire(self, groups): print("acquire", groups)
-        ...     def release(self, groups): print("release", groups)
-        ...     def get(self, group): return group
-        >>> measure(0, [0, 1, 2], Registry(), lambda ps, name, warm: 0.5 if ps == (0, 2) else 0.1).tolist()
-        acquire [(0, 1), (0, 2), (1, 2)]
-        release [(0, 1), (0, 2), (1, 2)]
+        >>> local_address({"HOROVOD_GLOO_IFACE": "lo"}) is None   # loopback: no other host reaches it
+        True
+    """
+    environ = os.environ if environ is None else environ
+    candidates = []
+    iface = (environ.get("HOROVOD_GLOO_IFACE") or "").split(",")[0].strip()
+    if iface:
+        candidates.append(lambda: _iface_address(iface))
+    rendezvous = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    if rendezvous:
+        candidates.append(lambda: _route_address(rendezvous))
+    candidates.append(lambda: socket.gethostbyname(host_name()))
+    for candidate in candidates:
+        try:
+            address = candidate()
+        except OSError:
+            continue
+        if address and not address.startswith("127."):
+            return address
+        if iface:
+            return None  # Horovod's own interface is loopback: the job is on one host as far as it knows
+    return None
+
+
+def _iface_address(name):
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _route_address(target):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((target, 9))
+        return s.getsockname()[0]
+
+
+class PairProbe:
+    """This rank's end of the probe: a TCP listener on ``address`` (bound when built), and the timed
+    transfers with the partners of :func:`measure`. Plain sockets, not Horovod: no process set is
+    registered, and a transfer's time is the link's, not Horovod's negotiation of every registered set.
+    """
+
+    def __init__(self, address, timeout=30.0):
+        self.timeout = timeout
+        self.listener = None
+        self._pending = {}
+        if address is not None:
+            try:
+                self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self.listener.bind((address, 0))
+                self.listener.listen(64)
+                self.listener.settimeout(timeout)
+            except OSError as error:  # no endpoint: every rank sees it in the gathered endpoints
+                log.warning(f"hvd_dssync: sensing cannot listen on {address}: {error}")
+                self.close()
+
+    def endpoint(self):
+        return None if self.listener is None else list(self.listener.getsockname()[:2])
+
+    def close(self):
+        for conn in self._pending.values():
+            conn.close()
+        self._pending.clear()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+    def _accept_from(self, partner):
+        """The connection of ``partner`` (connections of later rounds' partners wait their turn)."""
+        while partner not in self._pending:
+            conn, _ = self.listener.accept()
+            conn.settimeout(self.timeout)
+            self._pending[int.from_bytes(_read(conn, 4), "big")] = conn
+        return self._pending.pop(partner)
+
+    def client(self, rank, endpoint, nbytes, repeats):
+        """Send ``repeats`` times ``nbytes`` to the partner at ``endpoint``; the fastest transfer's seconds
+        (until the partner acknowledged the last byte), after one unmeasured exchange that meets it."""
+        payload = bytes(nbytes)
+        with socket.create_connection(tuple(endpoint), timeout=self.timeout) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(rank.to_bytes(4, "big"))
+            conn.sendall(b"w")
+            _read(conn, 1)
+            fastest = math.inf
+            for _ in range(repeats):
+                started = time.perf_counter()
+                conn.sendall(payload)
+                _read(conn, 1)
+                fastest = min(fastest, time.perf_counter() - started)
+        return fastest
+
+    def server(self, partner, nbytes, repeats):
+        conn = self._accept_from(partner)
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _read(conn, 1)
+            conn.sendall(b"a")
+            for _ in range(repeats):
+                _read(conn, nbytes)
+                conn.sendall(b"a")
+
+
+def _read(conn, n):
+    view, got = bytearray(n), 0
+    while got < n:
+        chunk = conn.recv_into(memoryview(view)[got:], n - got)
+        if not chunk:
+            raise ConnectionError("the partner closed the connection")
+        got += chunk
+    return bytes(view)
+
+
+def measure(rank, leaders, endpoints, probe, nbytes=SENSE_NBYTES, repeats=SENSE_REPEATS):
+    """This rank's figures: the fastest of ``repeats`` timed transfers of ``nbytes`` to each host leader it
+    is paired with (the pair's lower rank sends, the other acknowledges), by host index; NaN elsewhere,
+    and where a transfer failed (then every rank finds a figure missing and nobody uses the probe).
+
+    The pairs of a round run at the same time; a rank meets its next partner as soon as it is done with
+    the last one (no barrier between rounds). ``endpoints`` are every rank's ``PairProbe.endpoint()``,
+    ``probe`` this rank's :class:`PairProbe`.
+
+    Example::
+
+        >>> class Probe:
+        ...     def client(self, rank, endpoint, nbytes, repeats): return 0.5 if endpoint == "e2" else 0.1
+        ...     def server(self, partner, nbytes, repeats): pass
+        >>> measure(0, [0, 1, 2], ["e0", "e1", "e2"], Probe()).tolist()
         [nan, 0.1, 0.5]
     """
-    rounds, groups = probe_groups(leaders)
     index = {r: i for i, r in enumerate(leaders)}
     row = np.full(len(leaders), np.nan)
-    registry.acquire(groups)
-    for pairs in rounds:
+    for pairs in probe_rounds(leaders):
         for a, b in pairs:
             if rank not in (a, b):
                 continue
-            process_set = registry.get((a, b))
-            name = f"dssync.sense.{a}.{b}"
-            time_allreduce(process_set, name + ".warm", True)
-            row[index[b if rank == a else a]] = min(time_allreduce(process_set, name, False)
-                                                    for _ in range(repeats))
-    registry.release(groups)
+            try:
+                if rank == a:
+                    row[index[b]] = probe.client(rank, endpoints[b], nbytes, repeats)
+                else:
+                    probe.server(a, nbytes, repeats)
+            except OSError as error:
+                log.warning(f"hvd_dssync: sensing could not time the link between ranks {a} and {b}: {error}")
     return row
 
 
@@ -218,36 +337,45 @@ def racks_from_figures(gathered, leaders, rank_hosts, slow_fraction=0.5):
     return sorted(racks.values()), by_pair
 
 
-def sense(rank, world_size, one_host, gather_hostnames, registry, time_allreduce, allgather,
-          repeats=SENSE_REPEATS, slow_fraction=0.5, clock=time.perf_counter):
+def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_NBYTES, repeats=SENSE_REPEATS,
+          slow_fraction=0.5, clock=time.perf_counter, address=local_address, probe_class=PairProbe):
     """Sense the racks (see the module's docstring); a collective with the same op sequence on every rank.
 
-    ``one_host``: Horovod says every rank is on this host (then nothing is sent); ``gather_hostnames()``:
-    every rank's :func:`~hvd_dssync.topology.host_name`, by rank; ``allgather(row)``: every rank's figures
-    row (a float64 vector), stacked by rank; ``registry`` and ``time_allreduce`` as in :func:`measure`.
-    More than :data:`MAX_PROBED_HOSTS` hosts with one rank among them are not probed (one rack).
+    ``one_host``: Horovod says every rank is on this host (then nothing is sent);
+    ``allgather_object(obj)``: every rank's object, by rank (one allgather of each rank's host name and
+    probe endpoint); ``allgather(row)``: every rank's figures row (a float64 vector), stacked by rank.
+    Where some host's first rank has no address other hosts reach, more than :data:`MAX_PROBED_HOSTS` hosts
+    would be probed, or a pair could not be timed, nothing is measured ("not probed": one rack).
 
     Example::
 
-        >>> sense(0, 4, True, None, None, None, None).to_dict()["how"]
+        >>> sense(0, 4, True, None, None).to_dict()["how"]
         'one host'
-        >>> sense(0, 4, False, lambda: ["a", "a", "b", "b"], None, None, None).racks
+        >>> sense(0, 4, False, lambda mine: [["a", None], ["a", None], ["b", None], ["b", None]], None).racks
         [[0, 1], [2, 3]]
     """
     started = clock()
     if world_size == 1 or one_host:
         return Sensed("one host", None, clock() - started)
-    rank_hosts = list(gather_hostnames())
-    how, found = layout(rank_hosts)
-    hosts = len(set(rank_hosts))
-    if how != "measure":
-        return Sensed(how, found, clock() - started, hosts)
-    leaders = found
-    if len(leaders) > MAX_PROBED_HOSTS:
-        return Sensed("not probed", None, clock() - started, hosts)
-    row = measure(rank, leaders, registry, time_allreduce, repeats)
-    gathered = allgather(row)
-    racks, by_pair = racks_from_figures(gathered, leaders, rank_hosts, slow_fraction)
+    probe = probe_class(address())
+    try:
+        gathered = allgather_object([host_name(), probe.endpoint()])
+        rank_hosts = [h for h, _ in gathered]
+        endpoints = [e for _, e in gathered]
+        how, found = layout(rank_hosts)
+        hosts = len(set(rank_hosts))
+        if how != "measure":
+            return Sensed(how, found, clock() - started, hosts)
+        leaders = found
+        if len(leaders) > MAX_PROBED_HOSTS or any(endpoints[r] is None for r in leaders):
+            return Sensed("not probed", None, clock() - started, hosts)
+        row = measure(rank, leaders, endpoints, probe, nbytes, repeats)
+    finally:
+        probe.close()
+    figures = np.asarray(allgather(row), dtype=float)
+    racks, by_pair = racks_from_figures(figures, leaders, rank_hosts, slow_fraction)
+    if any(math.isinf(v) for v in by_pair.values()):
+        return Sensed("not probed", None, clock() - started, hosts, len(by_pair), by_pair)
     return Sensed("measured", racks, clock() - started, hosts, len(by_pair), by_pair)
 
 

@@ -5,33 +5,36 @@ import numpy as np
 import pytest
 
 from hvd_dssync import sensing
-from hvd_dssync.sensing import (AUTO, Sensed, layout, measure, probe_groups, racks_from_figures, sense, sense_once,
-                                wants_sensing)
+from hvd_dssync.sensing import (AUTO, PairProbe, Sensed, layout, local_address, measure, probe_rounds,
+                                racks_from_figures, sense, sense_once, wants_sensing)
 
 NAN = math.nan
 
 
-class Registry:
-    """A stand-in for the process-set registry: records what is acquired and released, in order."""
-
-    def __init__(self):
-        self.calls = []
-
-    def acquire(self, groups):
-        self.calls.append(("acquire", list(groups)))
-
-    def release(self, groups):
-        self.calls.append(("release", list(groups)))
-
-    def get(self, group):
-        assert self.calls and self.calls[-1][0] == "acquire" and tuple(group) in self.calls[-1][1]
-        return tuple(group)
-
-
 def two_racks(ps):
-    """Seconds of an allreduce on pair ``ps`` of 8 hosts, ranks 0-3 and 4-7 behind a 10x slower link."""
+    """Seconds of a transfer between hosts ``ps`` of 8, ranks 0-3 and 4-7 behind a 10x slower link."""
     a, b = ps
     return 0.01 if (a < 4) == (b < 4) else 0.1
+
+
+class FakeProbe:
+    """A stand-in for PairProbe: the seconds of ``two_racks``; records the pairs it met."""
+
+    def __init__(self, address=None):
+        self.met, self.closed = [], False
+
+    def endpoint(self):
+        return ["10.0.0.1", 1]
+
+    def client(self, rank, endpoint, nbytes, repeats):
+        self.met.append(("client", endpoint[1]))
+        return two_racks((rank, endpoint[1]))
+
+    def server(self, partner, nbytes, repeats):
+        self.met.append(("server", partner))
+
+    def close(self):
+        self.closed = True
 
 
 def test_layout_one_host_hosts_or_measure():
@@ -45,51 +48,65 @@ def test_layout_one_host_hosts_or_measure():
     assert layout(["a", "a", "b", "c", "c"]) == ("measure", [0, 2, 3])
 
 
-def test_probe_registers_every_pair_once_and_each_round_is_disjoint():
-    rounds, groups = probe_groups(list(range(8)))
+def test_probe_rounds_meet_every_pair_once_in_disjoint_rounds():
+    rounds = probe_rounds(list(range(8)))
     assert len(rounds) == 7 and all(len(pairs) == 4 for pairs in rounds)
-    assert groups == sorted((a, b) for a in range(8) for b in range(a + 1, 8))
+    assert sorted(p for pairs in rounds for p in pairs) == sorted((a, b) for a in range(8) for b in range(a + 1, 8))
     for pairs in rounds:
         ranks = [r for p in pairs for r in p]
         assert len(ranks) == len(set(ranks))
-    # Leaders other than 0..n-1 (hosts' first ranks): pairs of those ranks.
-    assert probe_groups([0, 2, 5])[1] == [(0, 2), (0, 5), (2, 5)]
+    assert sorted(p for pairs in probe_rounds([0, 2, 5]) for p in pairs) == [(0, 2), (0, 5), (2, 5)]
 
 
-def test_measure_acquires_once_times_its_own_pairs_and_releases_once():
-    registry, timed = Registry(), []
-
-    def time_allreduce(ps, name, warm):
-        timed.append((ps, warm))
-        return two_racks(ps)
-
-    row = measure(5, list(range(8)), registry, time_allreduce, repeats=2)
-    assert [c[0] for c in registry.calls] == ["acquire", "release"]
-    assert registry.calls[0][1] == registry.calls[1][1] and len(registry.calls[0][1]) == 28
-    # Rank 5 met each of the 7 others once: one unmeasured allreduce, then two timed ones.
-    assert sorted({ps for ps, _ in timed}) == sorted(tuple(sorted((5, r))) for r in range(8) if r != 5)
-    assert [warm for _, warm in timed] == [True, False, False] * 7
-    assert math.isnan(row[5]) and row[[4, 6, 7]].tolist() == [0.01] * 3 and row[[0, 1, 2, 3]].tolist() == [0.1] * 4
-    # A rank that leads no host (not its host's first rank) times nothing but acquires and releases alike.
-    registry = Registry()
-    assert np.isnan(measure(1, [0, 2], registry, time_allreduce)).all()
-    assert [c[0] for c in registry.calls] == ["acquire", "release"]
+def endpoints(n):
+    return [["10.0.0.1", r] for r in range(n)]
 
 
-def test_measure_keeps_each_pairs_fastest_allreduce():
-    times = iter([9.0, 0.5, 0.02])  # the unmeasured one, a stall, then the link's time
-    row = measure(0, [0, 1], Registry(), lambda ps, name, warm: next(times), repeats=2)
-    assert math.isnan(row[0]) and row[1] == 0.02
+def test_measure_sends_to_the_higher_ranks_and_serves_the_lower_ones():
+    probe = FakeProbe()
+    row = measure(5, list(range(8)), endpoints(8), probe)
+    assert sorted(probe.met) == [("client", 6), ("client", 7)] + [("server", r) for r in range(5)]
+    # Only the sending end has a figure; the receiving end's is NaN (the figures' max takes the one there is).
+    assert row[[6, 7]].tolist() == [0.01, 0.01] and np.isnan(row[[0, 1, 2, 3, 4, 5]]).all()
+    # A rank that leads no host (not its host's first rank) meets nobody.
+    probe = FakeProbe()
+    assert np.isnan(measure(1, [0, 2], endpoints(3), probe)).all() and probe.met == []
+
+
+def test_a_failed_transfer_leaves_a_missing_figure():
+    class Failing(FakeProbe):
+        def client(self, rank, endpoint, nbytes, repeats):
+            raise ConnectionRefusedError("refused")
+
+    assert np.isnan(measure(0, [0, 1], endpoints(2), Failing())).all()
+
+
+def test_pair_probe_times_a_real_transfer():
+    """Two PairProbes on loopback, one serving in a thread: the client's seconds, the server's acknowledgements."""
+    import threading
+
+    server, client = PairProbe("127.0.0.1", timeout=10), PairProbe("127.0.0.1", timeout=10)
+    try:
+        thread = threading.Thread(target=server.server, args=(0, 65536, 2))
+        thread.start()
+        seconds = client.client(0, server.endpoint(), 65536, 2)
+        thread.join(10)
+        assert not thread.is_alive() and 0 < seconds < 5
+    finally:
+        server.close()
+        client.close()
+    assert server.endpoint() is None
+    assert PairProbe(None).endpoint() is None
 
 
 def test_every_rank_builds_the_same_racks_from_one_allgather():
     leaders = list(range(8))
-    rows = [measure(r, leaders, Registry(), lambda ps, name, warm: two_racks(ps)) for r in range(8)]
+    rows = [measure(r, leaders, endpoints(8), FakeProbe()) for r in range(8)]
     hosts = [f"ns{r}" for r in range(8)]
     racks, by_pair = racks_from_figures(rows, leaders, hosts)
     assert racks == [[0, 1, 2, 3], [4, 5, 6, 7]] and len(by_pair) == 28
     # Each pair's figure is the larger of its two ends', so both ends decide alike.
-    rows[0][1], rows[1][0] = 0.01, 0.2
+    rows[0][1], rows[1][0] = 0.01, 0.2  # as if both ends had timed it
     assert racks_from_figures(rows, leaders, hosts)[1]["0-1"] == 0.2
     # One slow figure inside a rack does not split it: the rack's other fast links join it.
     assert racks_from_figures(rows, leaders, hosts)[0] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -113,32 +130,44 @@ def test_one_host_sends_nothing_and_finds_one_rack():
     def refuse(*args):
         raise AssertionError("no collective on one host")
 
-    sensed = sense(0, 4, True, refuse, refuse, refuse, refuse)
+    sensed = sense(0, 4, True, refuse, refuse, address=refuse, probe_class=refuse)
     assert (sensed.how, sensed.found, sensed.racks, sensed.topology()) == ("one host", "one rack", None, None)
     assert sensed.seconds < 0.01
-    assert sense(0, 1, False, refuse, refuse, refuse, refuse).how == "one host"
+    assert sense(0, 1, False, refuse, refuse, address=refuse, probe_class=refuse).how == "one host"
+
+
+def gather_of(hosts, endpoint=("10.0.0.1", 1)):
+    return lambda mine: [[h, list(endpoint) if endpoint else None] for h in hosts]
 
 
 def test_hosts_with_several_ranks_each_are_the_racks_with_no_probe():
     def refuse(*args):
         raise AssertionError("no probe where the hosts say it all")
 
-    sensed = sense(1, 4, False, lambda: ["a", "a", "b", "b"], refuse, refuse, refuse)
+    probes = []
+    sensed = sense(1, 4, False, gather_of(["a", "a", "b", "b"]), refuse, address=lambda: None,
+                   probe_class=lambda address: probes.append(FakeProbe()) or probes[-1])
     assert (sensed.how, sensed.racks, sensed.hosts) == ("hosts", [[0, 1], [2, 3]], 2)
     assert sensed.topology().rack_ranks() == [[0, 1], [2, 3]]
+    assert probes[0].met == [] and probes[0].closed
 
 
 def test_one_rank_per_host_is_measured_and_the_figures_gathered_once():
-    gathered = []
-    rows = [measure(r, list(range(8)), Registry(), lambda ps, name, warm: two_racks(ps)) for r in range(8)]
+    gathered, objects = [], []
+    rows = [measure(r, list(range(8)), endpoints(8), FakeProbe()) for r in range(8)]
 
     def allgather(row):
         gathered.append(row)
         return np.stack(rows)
 
+    def allgather_object(mine):
+        objects.append(mine)
+        return [[f"ns{r}", ["10.0.0.1", r]] for r in range(8)]
+
     ticks = iter([10.0, 12.5])
-    sensed = sense(3, 8, False, lambda: [f"ns{r}" for r in range(8)], Registry(),
-                   lambda ps, name, warm: two_racks(ps), allgather, clock=lambda: next(ticks))
+    sensed = sense(3, 8, False, allgather_object, allgather, clock=lambda: next(ticks),
+                   address=lambda: "10.0.0.1", probe_class=FakeProbe)
+    assert len(objects) == 1 and objects[0] == [sensing.host_name(), ["10.0.0.1", 1]]
     assert len(gathered) == 1 and np.array_equal(gathered[0], rows[3], equal_nan=True)
     assert (sensed.how, sensed.racks, sensed.pairs, sensed.seconds) == ("measured", [[0, 1, 2, 3], [4, 5, 6, 7]],
                                                                         28, 2.5)
@@ -147,10 +176,27 @@ def test_one_rank_per_host_is_measured_and_the_figures_gathered_once():
     assert "2 racks" in sensed.describe() and "measured" in sensed.describe()
 
 
-def test_too_many_hosts_are_not_probed():
-    hosts = [f"h{r}" for r in range(sensing.MAX_PROBED_HOSTS + 1)]
-    sensed = sense(0, len(hosts), False, lambda: hosts, None, None, None)
+def test_no_probe_without_an_address_too_many_hosts_or_a_missing_figure():
+    def refuse(*args):
+        raise AssertionError("nothing to gather")
+
+    # A host whose first rank has no address other hosts reach: nobody measures.
+    hosts = [f"ns{r}" for r in range(4)]
+    sensed = sense(0, 4, False, gather_of(hosts, endpoint=None), refuse, address=lambda: None,
+                   probe_class=FakeProbe)
     assert (sensed.how, sensed.racks) == ("not probed", None)
+    hosts = [f"h{r}" for r in range(sensing.MAX_PROBED_HOSTS + 1)]
+    sensed = sense(0, len(hosts), False, gather_of(hosts), refuse, address=lambda: "10.0.0.1", probe_class=FakeProbe)
+    assert (sensed.how, sensed.racks) == ("not probed", None)
+    # A pair nobody could time: every rank sees it missing in the same gathered figures, and uses nothing.
+    rows = np.full((4, 4), NAN)
+    sensed = sense(0, 4, False, gather_of([f"ns{r}" for r in range(4)]), lambda row: rows,
+                   address=lambda: "10.0.0.1", probe_class=FakeProbe)
+    assert (sensed.how, sensed.racks) == ("not probed", None)
+
+
+def test_loopback_is_no_address_for_other_hosts():
+    assert local_address({"HOROVOD_GLOO_IFACE": "lo"}) is None
 
 
 @pytest.mark.parametrize("change, expected", [

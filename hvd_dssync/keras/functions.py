@@ -4,14 +4,13 @@ These run eagerly (from callbacks or between steps) and are collectives: call th
 """
 import math
 import os
-import time
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from .. import sensing
-from ..process_sets import DYNAMIC_ENV, elastic_job, registry_for
+from ..process_sets import DYNAMIC_ENV, elastic_job
 from ..scope import add_process_set_groups as add_groups, scope_of
 from ..topology import ENV_VAR as TOPOLOGY_ENV, host_name, job_topology as resolve_topology
 
@@ -132,21 +131,15 @@ def job_topology(spec=None):
 
 def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
     """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time;
-    the PyTorch adapter's sensing, with TF tensors: a process that uses both senses once)."""
-    payload, tiny = tf.zeros([max(1, nbytes // 4)]), tf.zeros([1])
-
-    def time_allreduce(process_set, name, warm):
-        started = time.perf_counter()
-        hvd.allreduce(tiny if warm else payload, name=name.replace(".", "_"), process_set=process_set).numpy()
-        return time.perf_counter() - started
+    as in the PyTorch adapter: a process that uses both senses once)."""
 
     def allgather(row):
         return hvd.allgather(tf.constant(np.asarray(row).reshape(1, -1)), name="DSSync_sense_figures").numpy()
 
     def run():
         return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                             lambda: hvd.allgather_object(host_name(), name="DSSync_sense_hosts"),
-                             registry_for(hvd), time_allreduce, allgather, repeats)
+                             lambda mine: hvd.allgather_object(mine, name="DSSync_sense_hosts"), allgather,
+                             nbytes, repeats)
 
     key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
     return sensing.sense_once(key, run, hvd.rank())

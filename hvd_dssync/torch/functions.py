@@ -146,20 +146,14 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
 
 def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
     """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time)."""
-    payload, tiny = torch.zeros(max(1, nbytes // 4)), torch.zeros(1)
-
-    def time_allreduce(process_set, name, warm):
-        started = time.perf_counter()
-        hvd.allreduce_(tiny if warm else payload, name=name, process_set=process_set)
-        return time.perf_counter() - started
 
     def allgather(row):
         return hvd.allgather(torch.from_numpy(row).reshape(1, -1), name="dssync.sense.figures").numpy()
 
     def run():
         return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                             lambda: hvd.allgather_object(host_name(), name="dssync.sense.hosts"),
-                             registry_for(hvd), time_allreduce, allgather, repeats)
+                             lambda mine: hvd.allgather_object(mine, name="dssync.sense.hosts"), allgather,
+                             nbytes, repeats)
 
     key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
     return sensing.sense_once(key, run, hvd.rank())
