@@ -19,10 +19,10 @@ from ..process_sets import enable_dynamic_process_sets
 enable_dynamic_process_sets()
 
 from . import callbacks, elastic  # noqa: E402
-from .functions import (add_process_set_groups, consensus_distance, job_topology, load_model,  # noqa: E402
-                        synchronize_models)
+from .functions import add_process_set_groups, consensus_distance, job_topology, synchronize_models  # noqa: E402
+from .model_averager import ModelAverager  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
-from .sync import ModelAverager  # noqa: E402
+from .saving import load_model  # noqa: E402
 
 __all__ = ["DistributedOptimizer", "ModelAverager", "callbacks", "elastic", "synchronize_models",
            "consensus_distance", "load_model", "job_topology", "add_process_set_groups"]

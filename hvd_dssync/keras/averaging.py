@@ -1,0 +1,213 @@
+"""Averaging for the Keras adapter: the model inside a step's group, the gradients during the warm-up.
+
+A step's average is one grouped allreduce of the averaged variables on the Horovod process set of the
+step's group, picked in the graph by ``tf.switch_case``, with the step guard's signature riding along.
+Around it: the embedding tables averaged by their rows (:mod:`.sparse_rows`) and the reference for lossy
+compression.
+"""
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+__all__ = ["Averaging"]
+
+
+class Averaging:
+    """How ``owner``'s variables and warm-up gradients are averaged.
+
+    ``owner`` is the :class:`hvd_dssync.keras.sync.StepSync`: its plan, process sets, groups, switch
+    branches, op names, settings (``op``, ``compression``, ``gradient_predivide_factor``,
+    ``sparse_as_dense``, ``device_dense``), step guard and sparse rows are read from it when the step is
+    traced, since the world (and with it the plan) can change under elastic Horovod.
+
+    Example::
+
+        averaging = Averaging(sync)
+        grads = averaging.gradients(grads, step)       # before the local update
+        averaging.average(variables, step)             # after it
+    """
+
+    def __init__(self, owner):
+        self._owner = owner
+        # Lossy compression's shared reference per variable, and whether it was set (see _average_differences).
+        self._references, self._reference_set = {}, None
+
+    def forget_reference(self):
+        """After a change of world: the next average after the warm-up sets the reference again."""
+        if self._reference_set is not None:
+            self._reference_set.assign(False)
+
+    def gradients(self, grads, step):
+        """``grads`` averaged over all ranks in a bulk-synchronous (warm-up) step, else unchanged.
+
+        ``None`` entries stay ``None``; sparse gradients need ``sparse_as_dense`` during the warm-up.
+        """
+        owner = self._owner
+        if owner.plan.policy.warmup_steps == 0 or owner.plan.world_size == 1:
+            return list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return list(grads)
+        with tf.control_dependencies(owner.world_check()):
+            dense = [tf.identity(self._dense(grads[i])) for i in present]
+        bits = owner.guard.signature(step, dense[0].dtype)
+
+        def allreduce():
+            reduced = self._allreduce_dense(dense + [bits], "bsp")
+            if owner.op == hvd.Sum:
+                reduced[-1] = reduced[-1] / owner.plan.world_size
+            return reduced
+
+        bsp = tf.cast(step, tf.int64) < owner.plan.policy.warmup_steps
+        begun = owner.guard.begin(tf.where(bsp, owner.GLOBAL_BRANCH, owner.KEEP_BRANCH), step, "bsp")
+        with tf.control_dependencies([begun]):
+            dense = [tf.identity(g) for g in dense]
+        *reduced, means = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense] + [bits])
+        with tf.control_dependencies(reduced + [means]):
+            ended = owner.guard.end(begun)
+        with tf.control_dependencies([ended]):
+            checked = owner.guard.check(means, step, owner.plan.world_size)
+        with tf.control_dependencies([checked]):
+            reduced = [tf.identity(g) for g in reduced]
+        out = list(grads)
+        for i, g in zip(present, reduced):
+            out[i] = g
+        return out
+
+    def allreduce_gradients(self, grads):
+        """``grads`` reduced over all ranks as in a warm-up step, at any step (``None`` entries stay ``None``)."""
+        owner = self._owner
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if owner.plan.world_size == 1 or not present:
+            return list(grads)
+        with tf.control_dependencies(owner.world_check()):
+            dense = [tf.identity(self._dense(grads[i])) for i in present]
+        out = list(grads)
+        for i, g in zip(present, self._allreduce_dense(dense, "allreduce_grads")):
+            out[i] = g
+        return out
+
+    def _dense(self, gradient):
+        if isinstance(gradient, tf.IndexedSlices):
+            if not self._owner.sparse_as_dense:
+                raise ValueError("sparse gradients need sparse_as_dense=True to be allreduced by hvd_dssync")
+            return tf.convert_to_tensor(gradient)
+        return gradient
+
+    def _allreduce_dense(self, dense, kind):
+        """Horovod's gradient allreduce over all ranks: ``op``, ``compression``, ``gradient_predivide_factor``."""
+        owner = self._owner
+        prescale = postscale = 1.0
+        if owner.op == hvd.Average and owner.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / owner.gradient_predivide_factor
+            postscale = owner.gradient_predivide_factor
+        return hvd.grouped_allreduce(dense, op=owner.op, compression=owner.compression,
+                                     prescale_factor=prescale, postscale_factor=postscale,
+                                     device_dense=owner.device_dense, ignore_name_scope=True,
+                                     name=f"{owner.name}_{kind}", process_set=owner.process_set)
+
+    def average(self, variables, step):
+        """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
+        owner = self._owner
+        variables = list(variables)
+        check = owner.world_check()
+        if owner.plan.world_size == 1 or not variables or not owner._table.any():
+            return tf.group(*check)
+        branch = owner.branch(step)
+        begun = owner.guard.begin(branch, step, "group")
+        sparse = owner.sparse
+        by_rows = sparse.positions() if owner.compression is hvd.Compression.none else {}
+        with tf.control_dependencies(check + [begun]):
+            # Tables averaged by their rows are not read whole: a live read would make their row update copy
+            # the whole table first (copy-on-write).
+            values = [None if v.ref() in by_rows else tf.identity(v) for v in variables]
+        bits = owner.guard.signature(step, variables[0].dtype)
+        writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
+        if owner.compression is not hvd.Compression.none:
+            *averaged, means = self._average_differences(variables, values, bits, branch, step)
+        elif any(v.ref() in by_rows for v in variables):
+            with tf.control_dependencies(check + [begun]):
+                variables, averaged, writes, means = sparse.average(variables, values, bits, branch)
+        else:
+            sent = values + [bits]
+            branches = [lambda: [tf.identity(v) for v in sent],
+                        lambda: self.allreduce(sent, owner.process_set, "global")]
+            for group in owner._groups:
+                branches.append(lambda g=group: self.allreduce(sent, owner._set_of(g), "group"))
+            *averaged, means = tf.switch_case(branch, branches, name=f"{owner.name}_switch")
+        with tf.control_dependencies(averaged + [means] + [rows for _, _, rows in writes]):
+            ended = owner.guard.end(begun)
+        sizes = tf.constant([1, owner.plan.world_size] + [len(g) for g in owner._groups], tf.int32)
+        with tf.control_dependencies([ended]):
+            checked = owner.guard.check(means, step, tf.gather(sizes, branch))
+        with tf.control_dependencies([checked]):
+            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)],
+                            *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
+
+    def allreduce(self, values, process_set, kind):
+        """The exact average of ``values`` over ``process_set``, one grouped allreduce named by ``kind`` and set."""
+        owner = self._owner
+        return hvd.grouped_allreduce(values, op=hvd.Average, compression=owner.compression,
+                                     process_set=process_set, device_dense=owner.device_dense,
+                                     ignore_name_scope=True,
+                                     name=f"{owner.name}_{kind}_{process_set.process_set_id}")
+
+    def _reference_of(self, variable):
+        key = variable.ref()
+        if key not in self._references:
+            with tf.init_scope():
+                if self._reference_set is None:
+                    self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
+                self._references[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                                    name="dssync_reference")
+        return self._references[key]
+
+    def _average_differences(self, variables, values, bits, branch, step):
+        """Lossy compression: the group's models averaged through compressed differences from a shared reference.
+
+        As the PyTorch adapter's (:mod:`hvd_dssync.torch.averaging`): rank ``j`` sends ``C(x_j - r)`` and keeps
+        ``r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``, so the group's mean is kept and an update below
+        the compression's resolution is carried, not rounded away. ``r`` is set by an exact average over the
+        scope at the first step after the warm-up (the same step on every rank, whatever its group) and
+        moved by global averages only. The step ``bits`` ride along uncompressed; their means come last.
+        """
+        owner = self._owner
+        references = [self._reference_of(v) for v in variables]
+        compression = owner.compression
+
+        def establish():
+            *exact, means = hvd.grouped_allreduce(values + [bits], op=hvd.Average, process_set=owner.process_set,
+                                                  device_dense=owner.device_dense, ignore_name_scope=True,
+                                                  name=f"{owner.name}_reference")
+            with tf.control_dependencies([r.assign(e) for r, e in zip(references, exact)]
+                                         + [self._reference_set.assign(True)]):
+                return [tf.identity(e) for e in exact] + [tf.identity(means)]
+
+        def through(process_set, kind, moves_reference):
+            def mix():
+                differences = [v - r for v, r in zip(values, references)]
+                compressed, contexts = zip(*(compression.compress(d) for d in differences))
+                # TF's grouped allreduce takes one dtype; 0 and 1 and their means are exact enough in any float.
+                *averaged, means = hvd.grouped_allreduce(list(compressed) + [tf.cast(bits, compressed[0].dtype)],
+                                                         op=hvd.Average,
+                                                         process_set=process_set, device_dense=owner.device_dense,
+                                                         ignore_name_scope=True,
+                                                         name=f"{owner.name}_{kind}_{process_set.process_set_id}")
+                means = tf.cast(means, bits.dtype)
+                received = [compression.decompress(a, ctx) for a, ctx in zip(averaged, contexts)]
+                mixed = [r + a + (d - compression.decompress(c, ctx))
+                         for r, a, d, c, ctx in zip(references, received, differences, compressed, contexts)]
+                if not moves_reference:
+                    return mixed + [means]
+                with tf.control_dependencies(mixed):
+                    moved = [r.assign_add(a) for r, a in zip(references, received)]
+                with tf.control_dependencies(moved):
+                    return [tf.identity(m) for m in mixed] + [tf.identity(means)]
+            return mix
+
+        branches = [lambda: [tf.identity(v) for v in values] + [tf.identity(bits)],
+                    through(owner.process_set, "global", True)]
+        for group in owner._groups:
+            branches.append(through(owner._set_of(group), "group", False))
+        first = tf.logical_and(tf.logical_not(self._reference_set),
+                               tf.cast(step, tf.int64) >= owner.plan.policy.warmup_steps)
+        return tf.cond(first, establish, lambda: tf.switch_case(branch, branches, name=f"{owner.name}_switch"))
