@@ -1,0 +1,92 @@
+"""One rank of a Keras job across emulated hosts of several ranks each, launched by horovodrun or mpirun.
+
+As multihost_torch.py: Horovod's host layout, the default's racks from the hosts, each step's group means
+inside one traced ``fit``, training, and consensus after synchronize_models.
+"""
+import socket
+import sys
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
+import numpy as np
+import tensorflow as tf
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+SLOTS = int(sys.argv[1])
+STEPS = 8
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(f"rank {RANK}: {message}")
+
+
+layout = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
+check(layout == (RANK % SLOTS, SLOTS, RANK // SLOTS, SIZE // SLOTS), f"layout {layout}")
+hosts = hvd_tf.allgather_object(socket.gethostname(), name="test.hosts")
+check(all((hosts[a] == hosts[b]) == (a // SLOTS == b // SLOTS) for a in range(SIZE) for b in range(SIZE)),
+      f"hostnames {hosts}")
+
+# Group means with the defaults, inside fit: every rank starts at its rank; lr 0 leaves only the averaging.
+model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
+for v in model.variables:
+    v.assign(tf.fill(v.shape, float(RANK)))
+opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0))
+model.compile(optimizer=opt, loss="mse")
+sensed = opt._dssync.sensed or {}
+racks = [list(range(h * SLOTS, (h + 1) * SLOTS)) for h in range(SIZE // SLOTS)]
+check(sensed.get("how") == "hosts" and sensed.get("racks") == racks, f"sensed {sensed}")
+plan, values, history = opt._dssync.plan, [float(r) for r in range(SIZE)], []
+for t in range(STEPS):
+    kind = plan.action(t).kind
+    groups = {"group": lambda: plan.schedule.groups(plan.policy.schedule_step(t)),
+              "global": lambda: [tuple(range(SIZE))]}.get(kind, lambda: [])()
+    new = values[:]
+    for group in groups:
+        for r in group:
+            new[r] = sum(values[m] for m in group) / len(group)
+    values = new
+    history.append((values[RANK], kind, groups))
+crossing = [t for t, (_, kind, groups) in enumerate(history)
+            if any(len({r // SLOTS for r in g}) > 1 for g in groups)]
+check(crossing, f"no step averaged across hosts in {STEPS} steps: {history}")
+
+
+class CheckEachStep(tf.keras.callbacks.Callback):
+    step = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        want, kind, groups = history[self.step]
+        for v in self.model.variables:
+            got = v.numpy().reshape(-1)
+            check(np.allclose(got, want, atol=1e-5),
+                  f"step {self.step} ({kind}, groups {groups}): {v.name} holds {got.tolist()}, want {want}")
+        self.step += 1
+
+
+checker = CheckEachStep()
+x = np.random.default_rng(RANK).normal(size=(4 * STEPS, 3)).astype(np.float32)
+model.fit(x, np.zeros((4 * STEPS, 2), np.float32), batch_size=4, epochs=1, shuffle=False, verbose=0,
+          callbacks=[checker])
+check(checker.step == STEPS and opt.sync_step == STEPS, f"steps {checker.step}, sync_step {opt.sync_step}")
+
+# Training on each rank's own data, then consensus.
+rng = np.random.default_rng(100 + RANK)
+x = rng.normal(size=(64, 5)).astype(np.float32)
+y = x.sum(axis=1, keepdims=True)
+tf.keras.utils.set_random_seed(RANK)
+model = tf.keras.Sequential([tf.keras.Input(shape=(5,)), tf.keras.layers.Dense(8, activation="tanh"),
+                             tf.keras.layers.Dense(1)])
+model.compile(optimizer=dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)), loss="mse")
+losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0).history["loss"]
+check(all(np.isfinite(losses)), f"losses {losses}")
+check(dss.consensus_distance(model) > 0, "models trained on different data should differ")
+dss.synchronize_models(model)
+flat = np.concatenate([v.numpy().reshape(-1) for v in model.variables])
+rows = hvd_tf.allgather_object(flat, name="test.weights")
+check(all(np.array_equal(rows[0], r) for r in rows), "weights differ after synchronize_models")
+check(dss.consensus_distance(model) == 0.0, "consensus distance after synchronize_models is not 0")
+print(f"rank {RANK} on {hosts[RANK]}: layout {layout}, steps across hosts {crossing}, sensed {sensed.get('how')} "
+      f"{sensed.get('racks')}, loss {losses[0]:.3f} -> {losses[-1]:.3f}: all checks passed", flush=True)
