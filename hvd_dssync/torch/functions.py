@@ -180,8 +180,8 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
-    ones: Horovod's dynamic mode adds a global exchange to every cycle (on 8 ranks it doubled the time of a
-    1.2 MB global allreduce on loopback). They fit schedules whose groups never change (``butterfly``,
+    ones: Horovod's dynamic mode adds a global exchange to every cycle (docs/tuning.md has what it cost).
+    They fit schedules whose groups never change (``butterfly``,
     ``shuffle`` with its default endless window) and those whose windows repeat (``topology`` given as
     ranks, whose bridges rotate: every group of the rotation is registered, while no rank is in more than
     ``STATIC_SETS_PER_RANK`` of them, since each set negotiates on every cycle); Horovod then runs without
