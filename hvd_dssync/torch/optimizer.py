@@ -8,7 +8,8 @@ model averaging follows.
 
 The optimizer is Horovod's interface over parts with one job each, which it holds: the averaging
 (:mod:`.averaging`), the sparse rows of embedding tables (:mod:`.sparse_rows`), the adaptive policy's figures
-(:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`); the exit drain (:mod:`.exit`) and ``hvd.join()``
+(:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`); it uses mixed precision's helpers (:mod:`.amp`)
+and writes its checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()``
 (:mod:`.uneven`) reach the live optimizers through :mod:`.live`.
 
 Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world, the next ``step()``
