@@ -4,9 +4,11 @@ Every contender runs in every scenario (:mod:`hvd_dssync.bench.scenarios`: ``sta
 ``recover``, ``bandwidth``, ``stragglers``, ``transient``, ``none``), one testbed for all, its rates set per
 scenario.
 
-Every rank is an emulated host (network namespace) launched with the Gloo controller and a rendezvous
-server started here, never ``horovodrun``. Without root or network namespaces the run falls back to
-loopback (unshaped, one scenario) and says so.
+By default (``--launcher bench``) every rank is an emulated host (network namespace) launched with the
+Gloo controller and a rendezvous server started here. ``--launcher horovodrun`` or ``mpirun`` launches the
+Horovod contenders as on a cluster instead: the launcher on the first host, the others reached through its
+remote-shell setting (:mod:`hvd_dssync.bench.launchers`), ``--slots-per-host`` ranks on each host. Without
+root or network namespaces the run falls back to loopback (unshaped, one scenario) and says so.
 """
 import argparse
 import json
@@ -15,7 +17,7 @@ import sys
 import time
 
 from . import report
-from .contenders import CONTENDERS, JobFailed, run_contender
+from .contenders import CONTENDERS, HOROVOD_CONTENDERS, JobFailed, run_contender
 from .scenarios import SCENARIOS, scenario
 from .testbed import LoopbackBed, Testbed, namespaces_available
 
@@ -40,6 +42,11 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ranks", type=int, default=8, help="ranks, one per emulated host")
     p.add_argument("--racks", type=int, default=2, help="racks of equal size, ranks numbered rack by rack")
+    p.add_argument("--launcher", choices=("bench", "horovodrun", "mpirun"), default="bench",
+                   help="bench: ranks started here with Horovod's rendezvous (every contender); horovodrun, "
+                        "mpirun: the Horovod contenders launched from the first host (docs/multihost.md)")
+    p.add_argument("--slots-per-host", type=int, default=1,
+                   help="ranks per emulated host (more than 1 needs --launcher horovodrun or mpirun)")
     p.add_argument("--intra-mbit", type=float, default=400.0, help="each host's own link rate")
     p.add_argument("--inter-mbit", type=float, default=40.0, help="rate between racks (static scenario)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay between racks")
@@ -117,6 +124,18 @@ def main(argv=None):
         print(f"bench: --repeat must be at least 1, got {args.repeat}", file=sys.stderr)
         return 2
     per_rack = args.ranks // args.racks
+    if args.slots_per_host < 1 or per_rack % args.slots_per_host:
+        print("bench: --slots-per-host must divide the ranks of each rack", file=sys.stderr)
+        return 2
+    if args.launcher == "bench" and args.slots_per_host > 1:
+        print("bench: --slots-per-host > 1 needs --launcher horovodrun or mpirun", file=sys.stderr)
+        return 2
+    if args.launcher != "bench":
+        other = [c for c in args.contenders if c not in HOROVOD_CONTENDERS]
+        if other:
+            print(f"bench: --launcher {args.launcher} launches Horovod jobs only; leave out {', '.join(other)} "
+                  f"(--contenders from {', '.join(HOROVOD_CONTENDERS)})", file=sys.stderr)
+            return 2
     racks = [list(range(k * per_rack, (k + 1) * per_rack)) for k in range(args.racks)]
     try:
         built = [scenario(s, args) for s in args.scenarios]
@@ -124,13 +143,16 @@ def main(argv=None):
         print(f"bench: {e}", file=sys.stderr)
         return 2
     ok, why = (False, "--loopback given") if args.loopback else namespaces_available()
+    if not ok and args.launcher != "bench":
+        print(f"bench: --launcher {args.launcher} needs network namespaces ({why})", file=sys.stderr)
+        return 2
     config = {"seed": args.seed, "hidden": args.hidden, "batch": args.batch, "lr": args.lr, "momentum": args.momentum,
               "steps": args.steps, "eval_every": args.eval_every, "max_train_seconds": args.max_train_seconds,
               "calibration_steps": 10, "racks": racks, "local_period": args.local_period,
               "warmup_steps": args.warmup_steps, "target": args.target}
     if ok:
         bed = Testbed([per_rack] * args.racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit,
-                      delay_ms=args.delay_ms)
+                      delay_ms=args.delay_ms, slots_per_host=args.slots_per_host)
         scenarios = built
     else:
         print(f"bench: network namespaces are not available ({why}); running on LOOPBACK: no racks, no "
@@ -140,12 +162,21 @@ def main(argv=None):
                       "hidden": args.hidden, "stragglers": None}]
     os.makedirs(args.out, exist_ok=True)
     runs, run_rows, failures = [], [], []
+    if args.launcher == "bench":
+        launcher = ("Gloo controller; rendezvous server started by the bench inside rank 0's namespace; one "
+                    "process per namespace; OMP_NUM_THREADS=1")
+    else:
+        from .launchers import run_launched_contender
+
+        launcher = (f"{args.launcher} from the first host's namespace, the other hosts reached through its "
+                    f"remote-shell setting (hvd_dssync.bench.remote_shell); {args.slots_per_host} rank(s) per "
+                    "host; " + ("Gloo controller, --network-interface eth0" if args.launcher == "horovodrun"
+                                else "MPI controller and operations, btl tcp on eth0") + "; OMP_NUM_THREADS=1")
     started = time.monotonic()
     with bed:
         testbed = bed.describe()
         print(f"bench: {testbed['mode']} testbed, racks {racks}, intra {args.intra_mbit} Mbit/s, inter "
-              f"{args.inter_mbit} Mbit/s, delay {args.delay_ms} ms; launcher: Gloo controller, rendezvous "
-              "server started by the bench (no horovodrun), OMP_NUM_THREADS=1")
+              f"{args.inter_mbit} Mbit/s, delay {args.delay_ms} ms; launcher: {launcher}")
         for setting in scenarios:
             if testbed["mode"] == "namespaces":
                 if setting["intra_mbit"] != bed.intra_mbit:
@@ -162,8 +193,12 @@ def main(argv=None):
                       + (f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else "") + " ...", flush=True)
                 t0 = time.monotonic()
                 try:
-                    record = run_contender(bed, contender, job_config, args.timeout,
-                                           rate_changes=setting["rate_changes"])
+                    if args.launcher == "bench":
+                        record = run_contender(bed, contender, job_config, args.timeout,
+                                               rate_changes=setting["rate_changes"])
+                    else:
+                        record = run_launched_contender(bed, args.launcher, contender, job_config, args.timeout,
+                                                        rate_changes=setting["rate_changes"])
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
                     failures.append({"scenario": setting["name"], "contender": contender, "run": run,
@@ -179,8 +214,7 @@ def main(argv=None):
     rows = report.combine(run_rows)
     checks = report.targets(rows)
     payload = {"command": "python -m hvd_dssync bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "testbed": testbed, "launcher": "Gloo controller; rendezvous server started by the bench "
-               "inside rank 0's namespace; one process per namespace; OMP_NUM_THREADS=1",
+               "testbed": testbed, "launcher": launcher,
                "config": config, "repeat": args.repeat, "scenarios": scenarios, "rows": rows, "run_rows": run_rows,
                "runs": runs, "failures": failures,
                "targets": [{"target": t, "met": m, "figures": f} for t, m, f in checks],

@@ -20,7 +20,7 @@ import sys
 
 from hvd_dssync.bench.remote_shell import host_command, write_agent
 
-__all__ = ["LAUNCHERS", "launch_command", "launch_env", "head_command"]
+__all__ = ["LAUNCHERS", "launch_command", "launch_env", "head_command", "run_launched_contender"]
 
 LAUNCHERS = ("horovodrun", "mpirun")
 IFACE = "eth0"
@@ -73,3 +73,93 @@ def head_command(bed, argv):
     import shlex
 
     return host_command(bed.host_namespace(0), "exec " + " ".join(shlex.quote(a) for a in argv))
+
+
+def run_launched_contender(bed, launcher, contender, config, timeout, rate_changes=(), log=print):
+    """:func:`hvd_dssync.bench.contenders.run_contender` through ``launcher`` (horovodrun or mpirun) from the
+    first host: the same record, with the link counters read at rank 0's ``MARK`` lines."""
+    import json
+    import subprocess
+    import tempfile
+    import threading
+    import time
+
+    from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed, _link_bytes
+
+    if contender not in HOROVOD_CONTENDERS:
+        raise JobFailed(f"{contender}: not a Horovod job; {launcher} launches only {', '.join(HOROVOD_CONTENDERS)}")
+    workdir = tempfile.mkdtemp(prefix="hvd_dssync-bench-")
+    out_path = os.path.join(workdir, "record.json")
+    cfg = dict(config, contender=contender, out=out_path, hang_seconds=max(5, int(timeout) - 15))
+    agent_dir = os.path.join(workdir, "agent")
+    argv = head_command(bed, launch_command(bed, launcher, [sys.executable, "-m", "hvd_dssync.bench.launched",
+                                                            json.dumps(cfg)], agent_dir, extra_env_names=COMMON_ENV))
+    env = launch_env(bed, launcher, agent_dir)
+    env.update(COMMON_ENV)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    marks, timers, lines = {}, [], []
+    original_rate = bed.inter_mbit
+
+    def change_rate(k, mbit):
+        marks[f"rate_change.{k}"] = (time.monotonic(), bed.bottleneck_bytes())
+        bed.set_inter_rate(mbit)
+        log(f"    dynamic contention: inter-rack rate now {mbit} Mbit/s")
+
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def watch():
+        for line in proc.stdout:
+            lines.append(line)
+            if "MARK " in line:  # horovodrun prefixes "[0]<stdout>:"
+                what = line.split("MARK ", 1)[1].split()[0]
+                marks[what] = (time.monotonic(), bed.bottleneck_bytes())
+                if what == "start":
+                    for k, (seconds, mbit) in enumerate(rate_changes):
+                        timers.append(threading.Timer(seconds, change_rate, (k, mbit)))
+                        timers[-1].daemon = True
+                        timers[-1].start()
+                elif what == "end":
+                    for timer in timers:
+                        timer.cancel()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        try:
+            code = proc.wait(timeout=timeout)
+            failed = None if code == 0 else f"{launcher} exited {code}"
+        except subprocess.TimeoutExpired:
+            failed = f"timed out after {timeout:.0f}s"
+        watcher.join(timeout=5)
+        if failed is None and not os.path.exists(out_path):
+            failed = "rank 0 wrote no record"
+        if failed:
+            raise JobFailed(f"{contender} ({launcher}): {failed}\n" + "".join(lines[-30:]))
+        with open(out_path) as f:
+            record = json.load(f)
+        record["links"] = _link_bytes(marks)
+        record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
+                                  for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
+        record["warnings"] = [line.strip() for line in lines if "Warning" in line][:5]
+        record["launcher"] = launcher
+        return record
+    finally:
+        for timer in timers:
+            timer.cancel()
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+        # The ranks on the other hosts are in their own sessions: kill what is left in every host.
+        from .testbed import _kill_namespace_processes
+
+        for host in range(bed.host_count):
+            _kill_namespace_processes(bed.host_namespace(host))
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if bed.inter_mbit != original_rate:
+            bed.set_inter_rate(original_rate)
