@@ -103,3 +103,36 @@ def test_keras_across_two_hosts_of_two_ranks(two_hosts, launcher):
     assert output.count("sensed hosts [[0, 1], [2, 3]]") == bed.size, output
     for rank in range(bed.size):
         assert f"rank {rank} on {bed.namespace(rank)}:" in output, output
+
+
+@needs_namespaces
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_bench_through_the_launcher_on_hosts_of_two_ranks(tmp_path, launcher):
+    import json
+
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "hvd_dssync", "bench", "--ranks", "4", "--racks", "2", "--slots-per-host", "2",
+           "--launcher", launcher, "--scenarios", "static", "--contenders", "dssync-default", "--steps", "10",
+           "--max-train-seconds", "5", "--hidden", "32", "--eval-every", "5", "--timeout", "200", "--no-plots",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the bench's testbed removes its namespaces and what runs in them
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_session(proc.pid)  # what is left; a testbed left behind goes at the next run's start
+        output, _ = proc.communicate()
+        raise JobFailed(f"bench through {launcher} hung past {LAUNCH_TIMEOUT}s; output:\n{output}")
+    finally:
+        kill_session(proc.pid)
+    assert proc.returncode == 0, output
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["launcher"].startswith(launcher) and payload["testbed"]["slots_per_host"] == 2, payload["launcher"]
+    assert [r["record"]["launcher"] for r in payload["runs"]] == [launcher], output
+    assert payload["failures"] == [] and payload["run_rows"][0]["steps"] > 0, output
