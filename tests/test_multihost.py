@@ -5,6 +5,7 @@ its own remote-shell setting, pointed at hvd_dssync.bench.remote_shell (docs/mul
 tests need root and network namespaces; elsewhere they are skipped with the reason.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,8 @@ from hvd_dssync.bench.testbed import Testbed, namespaces_available
 from multirank import ROOT, WORKERS, JobFailed, kill_session
 
 _AVAILABLE, _WHY = namespaces_available()
+if _AVAILABLE and shutil.which("unshare") is None:  # each host's own hostname (hvd_dssync.bench.remote_shell)
+    _AVAILABLE, _WHY = False, "`unshare` (util-linux) is not installed"
 needs_namespaces = pytest.mark.skipif(not _AVAILABLE, reason=f"network namespaces are not allowed here: {_WHY}")
 SLOTS = 2
 LAUNCH_TIMEOUT = 300  # seconds for one job; a job on an idle machine takes about a minute
