@@ -25,6 +25,7 @@ from ..scope import acquire_registered
 from . import sync as _sync
 from .functions import default_topology
 from .outside import OutsideProcessSet
+from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan
 
 __all__ = ["DistributedOptimizer"]
@@ -272,7 +273,7 @@ class _DSSyncOptimizer(_LocalSteps):
             return []
         # Gradients reach the wrapped optimizer dense after a warm-up's cond or a sum over passes.
         with tf.init_scope():  # the optimizer's configuration, read eagerly
-            why = _changes_other_rows(self, self._dssync.plan.policy.warmup_steps > 0 or self._dssync_passes > 1)
+            why = changes_other_rows(self, self._dssync.plan.policy.warmup_steps > 0 or self._dssync_passes > 1)
         if why:
             warnings.warn(f"hvd_dssync: {', '.join(variables[i].name for i in sparse)} averaged densely: sparse "
                           f"averaging needs an optimizer that changes only the rows of its gradients, and {why}.")
@@ -336,32 +337,6 @@ def _calling_model(optimizer):
                 return candidate
         frame = frame.f_back
     return None
-
-
-def _changes_other_rows(optimizer, dense_gradients):
-    """Why ``optimizer`` may change rows of an embedding table outside its gradient's, or None if it cannot.
-
-    Keras' SGD without momentum and Adagrad change only those rows, with sparse gradients and (a zero
-    gradient moves nothing) dense ones; the legacy SGD's momentum is lazy, so only with sparse gradients.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    name = type(inner).__name__
-    if getattr(inner, "use_ema", False):
-        return f"{name} with use_ema=True moves every row"
-    if getattr(inner, "weight_decay", None):
-        return f"{name} with weight_decay moves every row"
-    legacy = isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
-    if isinstance(inner, (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad)):
-        return None
-    if isinstance(inner, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
-        momentum = inner.get_config().get("momentum", 0.0)
-        if not momentum or (legacy and not dense_gradients):
-            return None
-        if legacy:
-            return (f"{name}'s momentum moves every row once its gradients are dense (warmup_steps or "
-                    "backward_passes_per_step)")
-        return f"{name}'s momentum moves every row (the legacy SGD's is lazy)"
-    return f"{name} is not SGD or Adagrad"
 
 
 def _optimizer_class(optimizer, mixin):

@@ -12,7 +12,7 @@ import tensorflow as tf
 from ..plan import ring_allreduce_bytes
 from ..sparse import RowSets, allgather_bytes, average_densely, id_dtype, pack_rows, unpack_unions
 
-__all__ = ["SparseRows"]
+__all__ = ["SparseRows", "changes_other_rows"]
 
 
 class SparseRows:
@@ -194,3 +194,33 @@ def _fingerprint(table):
     sums = tf.cast(tf.reduce_sum(x, 1), tf.float64)
     mixed = tf.cast(tf.reduce_sum(x * mix, 1), tf.float64)
     return tf.stack([tf.reduce_sum(sums * weights), tf.reduce_sum(mixed * tf.reverse(weights, [0]))])
+
+
+def changes_other_rows(optimizer, dense_gradients):
+    """Why ``optimizer`` may change rows of an embedding table outside its gradient's, or None if it cannot.
+
+    Keras' SGD without momentum and Adagrad change only those rows, with sparse gradients and (a zero
+    gradient moves nothing) dense ones; the legacy SGD's momentum is lazy, so only with sparse gradients.
+
+    Example::
+
+        changes_other_rows(tf.keras.optimizers.Adam(), dense_gradients=False)  # "Adam is not SGD or Adagrad"
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    name = type(inner).__name__
+    if getattr(inner, "use_ema", False):
+        return f"{name} with use_ema=True moves every row"
+    if getattr(inner, "weight_decay", None):
+        return f"{name} with weight_decay moves every row"
+    legacy = isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
+    if isinstance(inner, (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad)):
+        return None
+    if isinstance(inner, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
+        momentum = inner.get_config().get("momentum", 0.0)
+        if not momentum or (legacy and not dense_gradients):
+            return None
+        if legacy:
+            return (f"{name}'s momentum moves every row once its gradients are dense (warmup_steps or "
+                    "backward_passes_per_step)")
+        return f"{name}'s momentum moves every row (the legacy SGD's is lazy)"
+    return f"{name} is not SGD or Adagrad"
