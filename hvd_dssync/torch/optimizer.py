@@ -354,6 +354,13 @@ def _called_by_horovod_to_create_state():
     return False
 
 
+def _refuse_topology_in_process_set(in_process_set, schedule, topology):
+    if in_process_set and (topology is not None or schedule == "topology"):
+        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
+                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
+                         "'butterfly'.")
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
@@ -444,12 +451,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
     topology, sensed = _default_topology(schedule, num_groups, group_size, topology, schedule_options,
                                          scope.world_size == hvd.size())
-    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
     in_process_set = scope.world_size != hvd.size()
-    if in_process_set and (topology is not None or schedule == "topology"):
-        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
-                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
-                         "'butterfly'.")
+    _refuse_topology_in_process_set(in_process_set, schedule, topology)
+    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
+    _refuse_topology_in_process_set(in_process_set, schedule, topology)  # HVD_DSSYNC_TOPOLOGY may have made it so
     if topology is not None or schedule == "topology":
         topology = job_topology(topology)
     plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
