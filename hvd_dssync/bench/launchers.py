@@ -163,3 +163,4 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             pass
         if bed.inter_mbit != original_rate:
             bed.set_inter_rate(original_rate)
+        shutil.rmtree(workdir, ignore_errors=True)
