@@ -29,11 +29,12 @@ import time
 
 import numpy as np
 
-from .topology import Topology, host_name, racks_from_rates, round_robin_pairings
+from .process_sets import DYNAMIC_ENV, elastic_job
+from .topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name, racks_from_rates, round_robin_pairings
 
 __all__ = ["AUTO", "Sensed", "layout", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
            "sense", "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS",
-           "MAX_PROBED_HOSTS"]
+           "MAX_PROBED_HOSTS", "default_topology"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 SENSE_NBYTES = 524288  # bytes of each timed allreduce of the probe
@@ -407,3 +408,32 @@ def last_sensed():
         True
     """
     return next(iter(_cache.values()), None)
+
+
+def default_topology(hvd, allgather_rows, hosts_op_name, schedule, num_groups, group_size, topology,
+                     schedule_options, whole_job):
+    """An optimizer's ``topology`` as both adapters resolve it: ``(topology, Sensed or None)``.
+
+    "auto" becomes the sensed racks (a Topology), or ``None`` where there is one rack or nothing to sense
+    (:func:`wants_sensing`); any other value is returned as it is. ``hvd`` is the framework's Horovod module;
+    ``allgather_rows(row)`` allgathers a float64 row in that framework; ``hosts_op_name`` names the host-name
+    allgather. A collective the first time a process senses (:func:`sense_once`).
+
+    Example::
+
+        topology, sensed = default_topology(hvd, allgather_rows, "dssync.sense.hosts", None, None, None,
+                                            "auto", None, whole_job=True)
+    """
+    if not (isinstance(topology, str) and topology == AUTO):
+        return topology, None
+    dynamic = os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
+    if not wants_sensing(schedule, num_groups, group_size, topology, schedule_options, os.environ.get(TOPOLOGY_ENV),
+                         whole_job, elastic_job(), dynamic):
+        return None, None
+
+    def run():
+        return sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
+                     lambda mine: hvd.allgather_object(mine, name=hosts_op_name), allgather_rows)
+
+    sensed = sense_once((hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()), run, hvd.rank())
+    return sensed.topology(), sensed

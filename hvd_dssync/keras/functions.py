@@ -3,16 +3,14 @@
 These run eagerly (from callbacks or between steps) and are collectives: call them on every rank.
 """
 import math
-import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from .. import sensing
-from ..process_sets import DYNAMIC_ENV, elastic_job
 from ..scope import add_process_set_groups as add_groups, scope_of
-from ..topology import ENV_VAR as TOPOLOGY_ENV, host_name, job_topology as resolve_topology
+from ..topology import host_name, job_topology as resolve_topology
 
 __all__ = ["synchronize_models", "consensus_distance", "job_topology", "add_process_set_groups"]
 
@@ -88,34 +86,16 @@ def job_topology(spec=None):
 
 
 
-def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
-    """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time;
-    as in the PyTorch adapter: a process that uses both senses once)."""
+def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
+    """``topology`` resolved as the PyTorch adapter does (:func:`hvd_dssync.sensing.default_topology`): "auto"
+    becomes the sensed racks or ``None``; ``(topology, Sensed or None)``. Keras reads the topology eagerly when
+    the optimizer is built, so the sensing runs there."""
 
-    def allgather(row):
+    def allgather_rows(row):
         return hvd.allgather(tf.constant(np.asarray(row).reshape(1, -1)), name="DSSync_sense_figures").numpy()
 
-    def run():
-        return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                             lambda mine: hvd.allgather_object(mine, name="DSSync_sense_hosts"), allgather,
-                             nbytes, repeats)
-
-    key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
-    return sensing.sense_once(key, run, hvd.rank())
-
-
-def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
-    """``topology`` resolved as the PyTorch adapter does: "auto" becomes the sensed racks (a Topology) or
-    ``None`` (one rack, or no sensing: :func:`hvd_dssync.sensing.wants_sensing`); ``(topology, Sensed or None)``.
-    Keras reads the topology eagerly when the optimizer is built, so the sensing runs there."""
-    if not (isinstance(topology, str) and topology == sensing.AUTO):
-        return topology, None
-    dynamic = os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
-    if not sensing.wants_sensing(schedule, num_groups, group_size, topology, schedule_options,
-                                 os.environ.get(TOPOLOGY_ENV), whole_job, elastic_job(), dynamic):
-        return None, None
-    sensed = _sense()
-    return sensed.topology(), sensed
+    return sensing.default_topology(hvd, allgather_rows, "DSSync_sense_hosts", schedule, num_groups, group_size,
+                                    topology, schedule_options, whole_job)
 
 
 def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,

@@ -8,11 +8,9 @@ import torch
 
 from .. import sensing
 from ..plan import SyncPlan, resolve_schedule
-from ..process_sets import (DYNAMIC_ENV, elastic_job, enable_dynamic_process_sets, registry_for,
-                            use_static_process_sets)
+from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
-from ..topology import (ENV_VAR as TOPOLOGY_ENV, Topology, host_name, job_topology as resolve_topology,
-                        racks_from_rates, round_robin_pairings)
+from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
 from . import collectives
 from .live import finish_pending_averages
 
@@ -144,32 +142,15 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
     return Topology(rank_hosts, host_racks)
 
 
-def _sense(nbytes=sensing.SENSE_NBYTES, repeats=sensing.SENSE_REPEATS):
-    """The job's :class:`hvd_dssync.sensing.Sensed`, sensed once per process (a collective the first time)."""
+def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
+    """``DistributedOptimizer``'s ``topology`` resolved by :func:`hvd_dssync.sensing.default_topology`:
+    "auto" becomes the sensed racks or ``None``; ``(topology, Sensed or None)``."""
 
-    def allgather(row):
+    def allgather_rows(row):
         return hvd.allgather(torch.from_numpy(row).reshape(1, -1), name="dssync.sense.figures").numpy()
 
-    def run():
-        return sensing.sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                             lambda mine: hvd.allgather_object(mine, name="dssync.sense.hosts"), allgather,
-                             nbytes, repeats)
-
-    key = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size())
-    return sensing.sense_once(key, run, hvd.rank())
-
-
-def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
-    """``DistributedOptimizer``'s ``topology`` resolved: "auto" becomes the sensed racks (a Topology) or
-    ``None`` (one rack, or no sensing: :func:`hvd_dssync.sensing.wants_sensing`); ``(topology, Sensed or None)``."""
-    if not (isinstance(topology, str) and topology == sensing.AUTO):
-        return topology, None
-    dynamic = os.environ.get(DYNAMIC_ENV, "0") not in ("0", "")
-    if not sensing.wants_sensing(schedule, num_groups, group_size, topology, schedule_options,
-                                 os.environ.get(TOPOLOGY_ENV), whole_job, elastic_job(), dynamic):
-        return None, None
-    sensed = _sense()
-    return sensed.topology(), sensed
+    return sensing.default_topology(hvd, allgather_rows, "dssync.sense.hosts", schedule, num_groups, group_size,
+                                    topology, schedule_options, whole_job)
 
 
 STATIC_SETS_PER_RANK = 8  # the most static sets one rank joins in :func:`init`, or it uses dynamic sets
@@ -261,8 +242,6 @@ def add_process_set_groups(process_set, *, num_groups=None, group_size=None, see
 
 
 def _launcher_world_size(comm):
-    import os
-
     if comm is not None:
         return comm.Get_size() if hasattr(comm, "Get_size") else len(comm)
     for var in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
