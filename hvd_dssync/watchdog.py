@@ -18,7 +18,7 @@ import threading
 import time
 
 __all__ = ["Watchdog", "TIMEOUT_ENV", "timeout_from_env", "describe_wait", "EXIT_TIMEOUT_ENV", "exit_timeout",
-           "drain_at_exit"]
+           "drain_at_exit", "drain_once_at_exit"]
 
 TIMEOUT_ENV = "HVD_DSSYNC_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -178,6 +178,25 @@ def exit_timeout():
         exit_timeout()                                 # 5.0 (unset: 30.0)
     """
     return float(os.environ.get(EXIT_TIMEOUT_ENV, "30"))
+
+
+def drain_once_at_exit(drain):
+    """:func:`drain_at_exit`, once per process for this ``drain``: ``True`` the first time (the adapters call
+    it whenever an optimizer is built).
+
+    Example::
+
+        if drain_once_at_exit(_drain_before_shutdown):
+            ...   # what else happens once per process
+    """
+    if drain in _drains_registered:
+        return False
+    _drains_registered.add(drain)
+    drain_at_exit(drain)
+    return True
+
+
+_drains_registered = set()
 
 
 def drain_at_exit(drain):

@@ -10,13 +10,12 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..watchdog import drain_at_exit, exit_timeout
+from ..watchdog import drain_once_at_exit, exit_timeout
 
 __all__ = ["watch_until_exit"]
 
 # Every StepSync of this process, for the exit-time drain.
 _live = weakref.WeakSet()
-_registered = {"drain": False}
 
 
 def watch_until_exit(sync):
@@ -30,10 +29,7 @@ def watch_until_exit(sync):
         watch_until_exit(self)      # at the end of the StepSync's construction
     """
     _live.add(sync)
-    if _registered["drain"]:
-        return
-    _registered["drain"] = True
-    drain_at_exit(_drain_before_shutdown)
+    drain_once_at_exit(_drain_before_shutdown)
 
 
 def _drain_before_shutdown():

@@ -11,13 +11,10 @@ import horovod.torch as hvd
 import torch
 
 from ..topology import loopback_hostname_warning
-from ..watchdog import drain_at_exit, exit_timeout
+from ..watchdog import drain_once_at_exit, exit_timeout
 from .live import live_optimizers
 
 __all__ = ["watch_until_exit"]
-
-_registered = {"drain": False}
-
 
 def watch_until_exit(optimizer):
     """Track ``optimizer``; once per process, arrange a drain before Horovod's own exit-time shutdown.
@@ -29,13 +26,10 @@ def watch_until_exit(optimizer):
         watch_until_exit(self)      # at the end of the optimizer's construction
     """
     live_optimizers.add(optimizer)
-    if _registered["drain"]:
-        return
-    _registered["drain"] = True
-    message = loopback_hostname_warning(hvd.cross_size())
-    if message:
-        warnings.warn(message)
-    drain_at_exit(_drain_before_shutdown)
+    if drain_once_at_exit(_drain_before_shutdown):
+        message = loopback_hostname_warning(hvd.cross_size())
+        if message:
+            warnings.warn(message)
 
 
 def _drain_before_shutdown():
