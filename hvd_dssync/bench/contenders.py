@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 
+from .marks import MarkWatch
 from .worker import CONTENDERS
 
 __all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
@@ -93,8 +94,8 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
     out_path = os.path.join(workdir, "record.json")
     rendezvous = None
     procs, logs = [], []
-    marks = {}
-    timers = []
+    watch_marks = MarkWatch(bed, rate_changes, log)
+    marks = watch_marks.marks
     original_rate = bed.inter_mbit
     try:
         if contender in HOROVOD_CONTENDERS:
@@ -115,24 +116,11 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
                     procs.append(bed.popen(rank, argv, env=rank_env(bed, rank, contender, port),
                                            stdout=f, stderr=subprocess.STDOUT))
 
-        def change_rate(k, mbit):
-            marks[f"rate_change.{k}"] = (time.monotonic(), bed.bottleneck_bytes())
-            bed.set_inter_rate(mbit)
-            log(f"    dynamic contention: inter-rack rate now {mbit} Mbit/s")
-
         def watch_rank0():
             for line in procs[0].stdout:
                 if line.startswith("MARK "):
                     what = line.split()[1]
-                    marks[what] = (time.monotonic(), bed.bottleneck_bytes())
-                    if what == "start":
-                        for k, (seconds, mbit) in enumerate(rate_changes):
-                            timers.append(threading.Timer(seconds, change_rate, (k, mbit)))
-                            timers[-1].daemon = True
-                            timers[-1].start()
-                    if what == "end":
-                        for timer in timers:
-                            timer.cancel()
+                    watch_marks.note(what)
 
         watcher = threading.Thread(target=watch_rank0, daemon=True)
         watcher.start()
@@ -159,8 +147,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
         record["warnings"] = [line.strip() for line in _read(logs[0]).splitlines() if "Warning" in line][:5]
         return record
     finally:
-        for timer in timers:
-            timer.cancel()
+        watch_marks.stop()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

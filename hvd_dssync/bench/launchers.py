@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 
+from hvd_dssync.bench.marks import MarkWatch
 from hvd_dssync.bench.remote_shell import host_command, write_agent
 
 __all__ = ["LAUNCHERS", "launch_command", "launch_env", "head_command", "run_launched_contender"]
@@ -82,7 +83,6 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
     import subprocess
     import tempfile
     import threading
-    import time
 
     from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed, _link_bytes
 
@@ -97,13 +97,9 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
     env = launch_env(bed, launcher, agent_dir)
     env.update(COMMON_ENV)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    marks, timers, lines = {}, [], []
+    watch_marks, lines = MarkWatch(bed, rate_changes, log), []
+    marks = watch_marks.marks
     original_rate = bed.inter_mbit
-
-    def change_rate(k, mbit):
-        marks[f"rate_change.{k}"] = (time.monotonic(), bed.bottleneck_bytes())
-        bed.set_inter_rate(mbit)
-        log(f"    dynamic contention: inter-rack rate now {mbit} Mbit/s")
 
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -113,15 +109,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             lines.append(line)
             if "MARK " in line:  # horovodrun prefixes "[0]<stdout>:"
                 what = line.split("MARK ", 1)[1].split()[0]
-                marks[what] = (time.monotonic(), bed.bottleneck_bytes())
-                if what == "start":
-                    for k, (seconds, mbit) in enumerate(rate_changes):
-                        timers.append(threading.Timer(seconds, change_rate, (k, mbit)))
-                        timers[-1].daemon = True
-                        timers[-1].start()
-                elif what == "end":
-                    for timer in timers:
-                        timer.cancel()
+                watch_marks.note(what)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -145,8 +133,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
         record["launcher"] = launcher
         return record
     finally:
-        for timer in timers:
-            timer.cancel()
+        watch_marks.stop()
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, 9)
