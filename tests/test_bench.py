@@ -280,23 +280,7 @@ def test_plot_writes_pngs(tmp_path):
 @pytest.mark.multirank
 def test_probe_topology_finds_the_racks_behind_the_slow_link():
     """4 emulated hosts, 2 racks joined by a link 10x slower: the probe's timings recover the racks."""
-    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
-
-    worker = os.path.join(ROOT, "tests", "workers", "torch_probe.py")
-    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
-        rendezvous, port = _start_rendezvous(bed, time.monotonic() + 90)
-        procs = [bed.popen(rank, [sys.executable, worker], env=rank_env(bed, rank, "dssync-topology", port),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for rank in range(bed.size)]
-        try:
-            outputs = [proc.communicate(timeout=90)[0] for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-            rendezvous.stdin.close()
-            rendezvous.wait(timeout=10)
-    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    outputs = _on_four_hosts_in_two_racks("torch_probe.py", "dssync-topology", timeout=90)
     racks = [json.loads(line[6:]) for line in outputs[0].splitlines() if line.startswith("RACKS ")]
     assert racks == [[[0, 1], [2, 3]]], outputs[0]
 
@@ -321,16 +305,25 @@ def test_stop_signal_stops_every_rank_at_one_step_without_a_collective(tmp_path)
 def test_the_default_senses_the_racks_behind_the_slow_link():
     """4 emulated hosts of one rank, 2 racks behind a 10x slower link: topology='auto' measures the racks and
     the default schedule becomes the topology-aware one on them."""
+    outputs = _on_four_hosts_in_two_racks("torch_sensing_hosts.py", "dssync-default", timeout=120)
+    (sensed,) = [json.loads(line[7:]) for line in outputs[0].splitlines() if line.startswith("SENSED ")]
+    assert (sensed["how"], sensed["racks"], sensed["pairs"]) == ("measured", [[0, 1], [2, 3]], 6), sensed
+    assert sensed["schedule"] == "TopologyAware", sensed
+
+
+def _on_four_hosts_in_two_racks(worker, contender, timeout):
+    """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks behind a 10x slower link, with
+    the bench's rendezvous and ``contender``'s environment; every rank's output, after all exited 0."""
     from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
 
-    worker = os.path.join(ROOT, "tests", "workers", "torch_sensing_hosts.py")
+    path = os.path.join(ROOT, "tests", "workers", worker)
     with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
-        rendezvous, port = _start_rendezvous(bed, time.monotonic() + 120)
-        procs = [bed.popen(rank, [sys.executable, worker], env=rank_env(bed, rank, "dssync-default", port),
+        rendezvous, port = _start_rendezvous(bed, time.monotonic() + timeout)
+        procs = [bed.popen(rank, [sys.executable, path], env=rank_env(bed, rank, contender, port),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for rank in range(bed.size)]
         try:
-            outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+            outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -338,6 +331,4 @@ def test_the_default_senses_the_racks_behind_the_slow_link():
             rendezvous.stdin.close()
             rendezvous.wait(timeout=10)
     assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
-    (sensed,) = [json.loads(line[7:]) for line in outputs[0].splitlines() if line.startswith("SENSED ")]
-    assert (sensed["how"], sensed["racks"], sensed["pairs"]) == ("measured", [[0, 1], [2, 3]], 6), sensed
-    assert sensed["schedule"] == "TopologyAware", sensed
+    return outputs
