@@ -85,25 +85,14 @@ def launch(bed, agent_dir, launcher, script, *args, timeout=LAUNCH_TIMEOUT):
 
 @needs_namespaces
 @pytest.mark.multirank
+@pytest.mark.parametrize("framework", ["torch", "keras"])
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_torch_across_two_hosts_of_two_ranks(two_hosts, launcher):
+def test_across_two_hosts_of_two_ranks(two_hosts, launcher, framework):
     bed, agent_dir = two_hosts
-    output = launch(bed, agent_dir, launcher, "multihost_torch.py", SLOTS)
+    output = launch(bed, agent_dir, launcher, f"multihost_{framework}.py", SLOTS)
     assert output.count("all checks passed") == bed.size, output
     assert output.count("sensed hosts [[0, 1], [2, 3]]") == bed.size, output
     # Each rank ran on its own emulated host: that host's namespace is its hostname.
-    for rank in range(bed.size):
-        assert f"rank {rank} on {bed.namespace(rank)}:" in output, output
-
-
-@needs_namespaces
-@pytest.mark.multirank
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_keras_across_two_hosts_of_two_ranks(two_hosts, launcher):
-    bed, agent_dir = two_hosts
-    output = launch(bed, agent_dir, launcher, "multihost_keras.py", SLOTS)
-    assert output.count("all checks passed") == bed.size, output
-    assert output.count("sensed hosts [[0, 1], [2, 3]]") == bed.size, output
     for rank in range(bed.size):
         assert f"rank {rank} on {bed.namespace(rank)}:" in output, output
 
