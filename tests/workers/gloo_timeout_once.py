@@ -4,8 +4,10 @@ import os
 import sys
 import time
 
+from common import launcher_rank
+
 marker = sys.argv[1]
-rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+rank = launcher_rank()
 if sys.argv[2:] == ["hang"]:
     time.sleep(600)
 if rank == "0" and not os.path.exists(marker):

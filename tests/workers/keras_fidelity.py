@@ -15,7 +15,8 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
-from keras_semantics import progress, RANK, SIZE, CheckEachStep, check, expected_values, rank_valued_model
+from common import check, check_alike, expected_values, fail
+from keras_semantics import progress, RANK, SIZE, CheckEachStep, rank_valued_model
 
 OPTIONS = {"num_groups": 2, "seed": 4}  # groups of step 5 differ from those of step 0 (checked below)
 SAVED_STEPS = 5
@@ -23,7 +24,7 @@ SAVED_STEPS = 5
 
 def same_everywhere(value, what):
     everyone = hvd_tf.allgather_object(value, name=f"test.{what}")
-    check(all(v == everyone[0] for v in everyone), f"{what} differs between ranks: {everyone}")
+    check_alike(everyone, f"{what} differs between ranks: {everyone}")
 
 
 def data(steps, overflow_at=None):
@@ -117,7 +118,7 @@ def check_mixed_precision(order, legacy=False, steps=5, overflow_at=2):
             check(model.optimizer is opt, f"{what}: compile wrapped the loss-scale optimizer again")
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    history = expected_values(opt._dssync.plan, steps, skipped=(overflow_at,))
+    history = expected_values(opt._dssync.plan, SIZE, steps, skipped=(overflow_at,))
     x, y = data(steps, overflow_at)
     # Keras starts at 2**15, which overflows float16 here on every rank; start low, so only the chosen step does.
     model.optimizer._loss_scale.current_loss_scale.assign(4.0)
@@ -152,7 +153,7 @@ def check_drift_detected(what, **options):
         reason = next(line for line in message.splitlines() if "ranks are at different DS-Sync steps" in line)
         print(f"rank {RANK}: {what}: stopped: {reason.strip()[:300]}", flush=True)
     else:
-        raise AssertionError(f"rank {RANK}: {what}: ranks at different steps averaged silently")
+        fail(f"{what}: ranks at different steps averaged silently")
 
 
 def check_horovod_attributes():

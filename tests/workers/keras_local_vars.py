@@ -9,19 +9,16 @@ equal the closed form: local variables step by their own summed gradient divided
 (``scale_local_gradients``) and stay apart between ranks; the others by the ranks' mean gradient, which
 DS-Sync's one group of the whole world at 2 ranks gives exactly. Every check raises on failure.
 """
+import common
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss
 import numpy as np
 import tensorflow as tf
+from common import check
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
+RANK, SIZE = common.identify(hvd)
 PASSES, STEPS, COUNT, LOCAL = 4, 10, 8, 4
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 class AddGradient(tf.keras.optimizers.Optimizer):

@@ -6,24 +6,17 @@ differ); on them ``backward_passes_per_step`` still sums passes and ``scale_loca
 a local variable's gradient by the set's size. A bad argument raises the same error on every rank, members
 or not. Every check raises on failure, so a failing rank fails the launch.
 """
+import common
 import horovod.tensorflow as hvd_tf  # the collectives with process_set and allgather_object
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
+from common import check, check_alike, fail
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-even_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
-odd_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 1])
-mine = even_set if RANK % 2 == 0 else odd_set
+RANK, SIZE = common.identify(hvd)
+even_set, odd_set, mine = common.even_and_odd_sets(hvd)
 outside = mine is odd_set
 
 # Bad arguments: the same errors on members and non-members, before anything is sent.
@@ -31,11 +24,11 @@ messages = []
 for bad in (dict(backward_passes_per_step=0), dict(schedule="no-such-schedule"), dict(model="not a model")):
     try:
         dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), process_set=even_set, **bad)
-        raise AssertionError(f"rank {RANK}: {bad} was accepted")
+        fail(f"{bad} was accepted")
     except (ValueError, TypeError) as error:
         messages.append(str(error))
 gathered = hvd_tf.allgather_object(messages, name="test.keras_outside.errors")
-check(all(m == messages for m in gathered), f"errors differ between ranks: {gathered}")
+check_alike(gathered, f"errors differ between ranks: {gathered}")
 
 # Training: the same start everywhere, each rank its own data.
 tf.random.set_seed(0)
@@ -53,13 +46,7 @@ check(int(opt.iterations.numpy()) == 3, f"iterations {int(opt.iterations.numpy()
 weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
 everyone = hvd_tf.allgather(tf.constant(weights)[None], process_set=mine,
                            name="test.keras_outside.weights").numpy()
-if not outside:
-    for other in everyone:
-        check(np.allclose(other, weights, atol=1e-6), "even ranks ended with different models")
-else:
-    for position, other in enumerate(everyone):
-        if position != mine.rank():
-            check(not np.allclose(other, weights), "odd ranks averaged although outside the optimizer's set")
+common.check_outside_weights(everyone, weights, mine, even_set, lambda a, b: np.allclose(a, b, atol=1e-6))
 
 if outside:
     # Horovod's step outside its set: passes summed, a local variable's gradient divided by the set's size.

@@ -5,46 +5,15 @@ in groups of 2 while rank 0 trains alone in B = {0}; sets {0, 2} and {1, 3} trai
 warm-up and global averages; bad process sets are refused; fp16 compression keeps updates far below its
 resolution, within its error bound of the exact group means. Every check raises on failure.
 """
+import common
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
+from common import check, expect_error, simulate
 
 SCHEDULE = dict(group_size=2, seed=7)
 RANK = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-def expect_error(kind, words, build):
-    try:
-        build()
-    except kind as e:
-        check(all(w in str(e) for w in words), f"error {e!r} lacks {words}")
-        return
-    raise AssertionError(f"rank {RANK}: no {kind.__name__} mentioning {words}")
-
-
-def simulate(ranks, schedule, policy, lr, steps):
-    """Exact DS-Sync inside ``ranks`` when rank r starts at r with gradient r (schedule in positions)."""
-    values, history = {r: float(r) for r in ranks}, []
-    for t in range(steps):
-        kind = policy.action(t)
-        if kind == "bsp":
-            values = {r: values[r] - lr * sum(ranks) / len(ranks) for r in ranks}
-        else:
-            values = {r: values[r] - lr * r for r in ranks}
-            groups = [range(len(ranks))] if kind == "global" else schedule.groups(t)
-            new = dict(values)
-            for group in groups:
-                members = [ranks[i] for i in group]
-                new.update({r: sum(values[m] for m in members) / len(members) for r in members})
-            values = new
-        history.append(values)
-    return history
 
 
 def model_at(value, width=3):
@@ -67,7 +36,8 @@ def train_inside(process_set, steps, lr, **kwargs):
     model = model_at(float(RANK))
     opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(lr), process_set=process_set, model=model,
                                    **SCHEDULE, **kwargs)
-    history = simulate(ranks, opt.schedule, opt.policy, lr, steps)
+    start = {r: float(r) for r in ranks}  # rank r starts at r, with gradient r
+    history = simulate(ranks, opt.schedule, opt.policy, start, start, lr, steps)
     step = stepper(model, opt, float(RANK))
     for t in range(steps):
         step()
@@ -129,7 +99,7 @@ def check_fp16_keeps_small_updates():
 def main():
     global RANK
     hvd.init()
-    RANK = hvd.rank()
+    RANK, _ = common.identify(hvd)
     check(hvd.size() == 4, "run this job on 4 ranks")
     sets = [hvd.add_process_set(s) for s in ([1, 2, 3], [0], [0, 2], [1, 3])]
     for s in sets:

@@ -11,7 +11,8 @@ import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-from keras_semantics import RANK, SIZE, CheckEachStep, check, expected_values, rank_valued_model
+from common import check, expected_values
+from keras_semantics import RANK, SIZE, CheckEachStep, rank_valued_model
 
 FORMATS = ("h5", "savedmodel", "keras")
 
@@ -25,7 +26,7 @@ def check_round_trip(fmt, directory, steps=3):
     options = {"num_groups": min(2, SIZE), "seed": 11, "global_every": 4}
     model = rank_valued_model()
     model.compile(optimizer=dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), **options), loss="mse")
-    history = expected_values(model.optimizer._dssync.plan, 2 * steps)
+    history = expected_values(model.optimizer._dssync.plan, SIZE, 2 * steps)
     x, y = data(steps)
     checker = CheckEachStep(history, f"{fmt} before saving")
     model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=[checker])

@@ -5,52 +5,27 @@ Every check raises on failure, so a failing rank exits non-zero and fails the la
 """
 import argparse
 
+import common
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
+from common import check, check_alike, expected_values, fail
 from hvd_dssync.schedules import Shuffle
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
+RANK, SIZE = common.identify(hvd)
 
 
 def progress(what):
     print(f"rank {RANK}: {what}", flush=True)
 
 
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
 def user_unnamed_ops():
     """What a user script does between steps; hangs if DS-Sync's op sequence differed between ranks."""
     total = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
     check(float(total[0]) == SIZE, f"unnamed allreduce gave {total}")
-
-
-def expected_values(plan, steps, skipped=()):
-    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0.
-
-    ``skipped`` steps (a loss-scale optimizer's, on overflow) count but neither update nor average.
-    """
-    values = [float(r) for r in range(SIZE)]
-    history = []
-    for t in range(steps):
-        action = plan.action(t)
-        if action.kind in ("group", "global") and t not in skipped:
-            groups = [tuple(range(SIZE))] if action.kind == "global" else \
-                plan.schedule.groups(plan.policy.schedule_step(t))
-            new = values[:]
-            for group in groups:
-                mean = sum(values[r] for r in group) / len(group)
-                for r in group:
-                    new[r] = mean
-            values = new
-        history.append(values[:])
-    return history
 
 
 def rank_valued_model():
@@ -84,7 +59,7 @@ def check_group_means_in_fit(what, steps=8, non_trainable=True, **kwargs):
     opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), seed=7, average_non_trainable=non_trainable,
                                    **kwargs)
     model.compile(optimizer=opt, loss="mse")
-    history = expected_values(opt._dssync.plan, steps)
+    history = expected_values(opt._dssync.plan, SIZE, steps)
     x = np.random.default_rng(RANK).normal(size=(4 * steps, 3)).astype(np.float32)
     y = np.zeros((4 * steps, 2), np.float32)
     checker = CheckEachStep(history, what, non_trainable)
@@ -103,7 +78,7 @@ def check_custom_loop():
     """ModelAverager inside one tf.function: the group changes from call to call."""
     averager = dss.ModelAverager(num_groups=SIZE, global_every=2, seed=3, name="TestAverager")
     variables = [tf.Variable(tf.fill([3], float(RANK))), tf.Variable(float(RANK))]
-    history = expected_values(averager._sync.plan, 4)
+    history = expected_values(averager._sync.plan, SIZE, 4)
 
     @tf.function
     def step():
@@ -152,15 +127,15 @@ def check_training_with_callbacks():
           f"sync seconds per epoch {seconds}: want > 0 exactly in epochs that send bytes {want}")
     distances = history.history["consensus_distance"]
     everyone = hvd_tf.allgather_object(distances, name="test.distances")
-    check(all(d == distances for d in everyone), f"consensus distances differ between ranks: {everyone}")
+    check_alike(everyone, f"consensus distances differ between ranks: {everyone}")
     if SIZE > 1:
         check(distances[-1] > 0, f"models trained on different data should differ: {distances}")
     flat = np.concatenate([v.numpy().reshape(-1) for v in model.variables])
     rows = hvd_tf.allgather_object(flat, name="test.weights")
-    check(all(np.array_equal(rows[0], r) for r in rows), "weights differ after SynchronizeModelsCallback")
-    check(dss.consensus_distance(model, non_trainable=True) == 0.0, "consensus distance after sync is not 0")
+    common.check_consensus(rows, np.array_equal, dss.consensus_distance(model, non_trainable=True),
+                           "SynchronizeModelsCallback")
     maes = hvd_tf.allgather_object(history.history["mae"], name="test.mae")
-    check(all(m == maes[0] for m in maes), f"MetricAverageCallback left different metrics: {maes}")
+    check_alike(maes, f"MetricAverageCallback left different metrics: {maes}")
 
 
 def check_backward_passes(base, what):
@@ -213,20 +188,20 @@ def check_drop_in():
         except ValueError as e:
             check(error in str(e), f"{kwargs}: message {e} does not name {error}")
         else:
-            raise AssertionError(f"rank {RANK}: {kwargs} was accepted")
+            fail(f"{kwargs} was accepted")
     if SIZE > 1:
         try:
             dss.ModelAverager(num_groups=min(2, SIZE), seed=RANK, name="TestMismatch")
         except ValueError as e:
             check("disagree on seed (rank 0 has 0, rank 1 has 1" in str(e), f"mismatched seeds gave {e}")
         else:
-            raise AssertionError(f"rank {RANK}: ranks with different seeds were accepted")
+            fail("ranks with different seeds were accepted")
     try:
         dss.DistributedOptimizer(object(), num_groups=1)
     except TypeError:
         pass
     else:
-        raise AssertionError(f"rank {RANK}: a non-optimizer was accepted")
+        fail("a non-optimizer was accepted")
 
 
 def main():

@@ -20,7 +20,8 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
-from keras_semantics import RANK, SIZE, check, progress, user_unnamed_ops
+from common import check
+from keras_semantics import RANK, progress, user_unnamed_ops
 
 ROWS, WIDTH, STEPS, RESUME_AT, BATCH = 2000, 8, 30, 14, 16
 OPTIONS = {"num_groups": 2, "seed": 3, "warmup_steps": 2, "global_every": 5, "sparse_as_dense": True}

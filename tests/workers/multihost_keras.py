@@ -3,31 +3,22 @@
 As multihost_torch.py: Horovod's host layout, the default's racks from the hosts, each step's group means
 inside one traced ``fit``, training, and consensus after synchronize_models.
 """
-import socket
 import sys
 
+import common
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
+from common import averaged, check, crosses_hosts, step_groups
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
+RANK, SIZE = common.identify(hvd)
 SLOTS = int(sys.argv[1])
 STEPS = 8
 
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-layout = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
-check(layout == (RANK % SLOTS, SLOTS, RANK // SLOTS, SIZE // SLOTS), f"layout {layout}")
-hosts = hvd_tf.allgather_object(socket.gethostname(), name="test.hosts")
-check(all((hosts[a] == hosts[b]) == (a // SLOTS == b // SLOTS) for a in range(SIZE) for b in range(SIZE)),
-      f"hostnames {hosts}")
+layout, hosts = common.check_host_layout(hvd, hvd_tf.allgather_object, SLOTS)
 
 # Group means with the defaults, inside fit: every rank starts at its rank; lr 0 leaves only the averaging.
 model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
@@ -35,22 +26,13 @@ for v in model.variables:
     v.assign(tf.fill(v.shape, float(RANK)))
 opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0))
 model.compile(optimizer=opt, loss="mse")
-sensed = opt._dssync.sensed or {}
-racks = [list(range(h * SLOTS, (h + 1) * SLOTS)) for h in range(SIZE // SLOTS)]
-check(sensed.get("how") == "hosts" and sensed.get("racks") == racks, f"sensed {sensed}")
+sensed = common.check_sensed_hosts(opt._dssync.sensed, SIZE, SLOTS)
 plan, values, history = opt._dssync.plan, [float(r) for r in range(SIZE)], []
 for t in range(STEPS):
-    kind = plan.action(t).kind
-    groups = {"group": lambda: plan.schedule.groups(plan.policy.schedule_step(t)),
-              "global": lambda: [tuple(range(SIZE))]}.get(kind, lambda: [])()
-    new = values[:]
-    for group in groups:
-        for r in group:
-            new[r] = sum(values[m] for m in group) / len(group)
-    values = new
+    kind, groups = step_groups(plan, t, SIZE)
+    values = averaged(values, groups)
     history.append((values[RANK], kind, groups))
-crossing = [t for t, (_, kind, groups) in enumerate(history)
-            if any(len({r // SLOTS for r in g}) > 1 for g in groups)]
+crossing = [t for t, (_, kind, groups) in enumerate(history) if crosses_hosts(groups, SLOTS)]
 check(crossing, f"no step averaged across hosts in {STEPS} steps: {history}")
 
 
@@ -86,7 +68,6 @@ check(dss.consensus_distance(model) > 0, "models trained on different data shoul
 dss.synchronize_models(model)
 flat = np.concatenate([v.numpy().reshape(-1) for v in model.variables])
 rows = hvd_tf.allgather_object(flat, name="test.weights")
-check(all(np.array_equal(rows[0], r) for r in rows), "weights differ after synchronize_models")
-check(dss.consensus_distance(model) == 0.0, "consensus distance after synchronize_models is not 0")
+common.check_consensus(rows, np.array_equal, dss.consensus_distance(model), "synchronize_models")
 print(f"rank {RANK} on {hosts[RANK]}: layout {layout}, steps across hosts {crossing}, sensed {sensed.get('how')} "
       f"{sensed.get('racks')}, loss {losses[0]:.3f} -> {losses[-1]:.3f}: all checks passed", flush=True)

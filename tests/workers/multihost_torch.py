@@ -4,52 +4,34 @@ Checks Horovod's host layout, that DS-Sync with its defaults finds the hosts as 
 step in exactly the groups its schedule names, that training runs, and that synchronize_models ends in
 consensus. Every check raises on failure, so a failing rank fails the launch.
 """
-import socket
 import sys
 
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
+from common import averaged, check, check_alike, crosses_hosts, step_groups
+from torch_semantics import rank_valued  # (this folder)
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
+RANK, SIZE = common.identify(hvd)
 SLOTS = int(sys.argv[1])
 
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-# Horovod's layout: ranks numbered host by host, SLOTS per host, every host its own hostname.
-layout = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
-check(layout == (RANK % SLOTS, SLOTS, RANK // SLOTS, SIZE // SLOTS), f"layout {layout}")
-hosts = hvd.allgather_object(socket.gethostname(), name="test.hosts")
-check(all((hosts[a] == hosts[b]) == (a // SLOTS == b // SLOTS) for a in range(SIZE) for b in range(SIZE)),
-      f"hostnames {hosts}")
+layout, hosts = common.check_host_layout(hvd, hvd.allgather_object, SLOTS)
 
 # Group means with the defaults: every rank starts at its rank; lr 0 leaves only the averaging.
-model = torch.nn.Linear(3, 2)
-with torch.no_grad():
-    for p in model.parameters():
-        p.fill_(float(RANK))
+model = rank_valued(torch.nn.Linear(3, 2), RANK)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters())
-sensed = opt.sensed or {}
-racks = [list(range(h * SLOTS, (h + 1) * SLOTS)) for h in range(SIZE // SLOTS)]
-check(sensed.get("how") == "hosts" and sensed.get("racks") == racks, f"sensed {sensed}")
-plan, values, steps = opt._plan, [float(r) for r in range(SIZE)], 8
+sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS)
+plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], 8, []
 for t in range(steps):
     model.zero_grad()
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
-    kind = plan.action(t).kind
-    groups = {"group": lambda: plan.schedule.groups(plan.policy.schedule_step(t)),
-              "global": lambda: [tuple(range(SIZE))]}.get(kind, lambda: [])()
-    new = values[:]
-    for group in groups:
-        for r in group:
-            new[r] = sum(values[m] for m in group) / len(group)
-    values = new
+    kind, groups = step_groups(plan, t, SIZE)
+    values = averaged(values, groups)
+    if crosses_hosts(groups, SLOTS):
+        crossing.append(t)
     for name, p in model.named_parameters():
         got = p.detach().reshape(-1)
         check(torch.allclose(got, torch.full_like(got, values[RANK]), atol=1e-6),
@@ -58,9 +40,7 @@ for t in range(steps):
     check(total.item() == SIZE, f"allreduce gave {total.item()}")
 check(opt.sync_step == steps, f"sync_step {opt.sync_step}")
 everyone = hvd.allgather_object([plan.schedule.groups(t) for t in range(steps)], name="test.groups")
-check(all(g == everyone[0] for g in everyone), f"ranks disagree on the groups: {everyone}")
-crossing = [t for t in range(steps) if plan.action(t).kind == "global" or any(
-    len({r // SLOTS for r in g}) > 1 for g in plan.schedule.groups(plan.policy.schedule_step(t)))]
+check_alike(everyone, f"ranks disagree on the groups: {everyone}")
 check(crossing, f"no step averaged across hosts in {steps} steps: {everyone[0]}")
 
 # Training: a regression on each rank's own data, then consensus.
@@ -81,8 +61,7 @@ check(dss.consensus_distance(model) > 0, "models trained on different data shoul
 dss.synchronize_models(model)
 flat = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
 rows = hvd.allgather(flat.unsqueeze(0), name="test.sync.weights")
-check(all(torch.equal(rows[0], rows[r]) for r in range(SIZE)), "weights differ after synchronize_models")
-check(dss.consensus_distance(model) == 0.0, "consensus distance after synchronize_models is not 0")
+common.check_consensus(rows, torch.equal, dss.consensus_distance(model), "synchronize_models")
 print(f"rank {RANK} on {hosts[RANK]}: layout {layout}, steps across hosts {crossing}, sensed {sensed.get('how')} {sensed.get('racks')}, "
       f"schedule {type(opt.schedule).__name__}, loss {losses[0]:.3f} -> {losses[-1]:.3f}: all checks passed",
       flush=True)

@@ -4,16 +4,13 @@ communication, and ranks that disagree on the configuration all raise one error 
 Each bad input is tried inside try/except; between them and at the end an unnamed allreduce runs, which
 would hang (or fail) had any rank issued an op the others did not.
 """
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
+from common import check, check_alike, fail
 
 RANK = SIZE = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 def unnamed_op():
@@ -28,11 +25,11 @@ def expect_error(label, build, *fragments, error=(ValueError, TypeError, Runtime
     except error as e:
         message = str(e)
     else:
-        raise AssertionError(f"rank {RANK}: {label}: no error raised")
+        fail(f"{label}: no error raised")
     for fragment in fragments:
         check(fragment in message, f"{label}: message {message!r} lacks {fragment!r}")
     messages = hvd.allgather_object(message, name=f"test.message.{label}")
-    check(len(set(messages)) == 1, f"{label}: ranks raised different messages {messages}")
+    check_alike(messages, f"{label}: ranks raised different messages {messages}")
     unnamed_op()
 
 
@@ -123,7 +120,7 @@ def disagreements():
 def main():
     global RANK, SIZE
     hvd.init()
-    RANK, SIZE = hvd.rank(), hvd.size()
+    RANK, SIZE = common.identify(hvd)
     bad_inputs()
     if SIZE > 1:
         disagreements()

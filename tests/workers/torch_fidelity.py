@@ -8,18 +8,16 @@ error. Every check raises on failure, so a failing rank fails the launch.
 """
 import warnings
 
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init()
 import torch
+from common import check, check_alike
+from torch_semantics import rank_valued  # (this folder)
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
+RANK, SIZE = common.identify(hvd)
 LAST = SIZE - 1
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 def user_unnamed_ops():
@@ -30,13 +28,6 @@ def user_unnamed_ops():
 
 def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def rank_valued(module, value=None):
-    with torch.no_grad():
-        for t in list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]:
-            t.fill_(float(RANK if value is None else value))
-    return module
 
 
 def check_groups_agree(opt, step, tag):
@@ -90,7 +81,7 @@ def grad_scaler_recipe(unscale_first):
     """
     tag = f"amp-unscale{unscale_first}"
     lr, overflow_at, warmup = 0.125, {0, 3}, 1
-    model = rank_valued(torch.nn.Linear(3, 2))
+    model = rank_valued(torch.nn.Linear(3, 2), RANK)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the warm-up starts from one model
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), num_groups=2 if SIZE > 2 else 1,
@@ -140,7 +131,8 @@ def grad_scaler_recipe(unscale_first):
 
 def what_is_averaged():
     """Buffers replaced after construction, frozen parameters, parameters the optimizer does not train."""
-    model = rank_valued(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 2)))
+    model = rank_valued(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 2)),
+                        RANK)
     model[2].weight.requires_grad_(False)
     trained = [p for name, p in model.named_parameters() if name != "2.bias"]  # and 2.weight is frozen
     opt = dss.DistributedOptimizer(torch.optim.SGD(trained, lr=0.0), named_parameters=model.named_parameters(),
@@ -157,7 +149,7 @@ def what_is_averaged():
 
 
 def one_rank_groups():
-    model = rank_valued(torch.nn.Linear(3, 2))
+    model = rank_valued(torch.nn.Linear(3, 2), RANK)
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                    named_parameters=model.named_parameters(), num_groups=SIZE, seed=0)
     opt.step()
@@ -169,7 +161,7 @@ def one_rank_groups():
 
 def two_overlapping_optimizers():
     """Two optimizers with averages in flight at once: their ops must not share a name."""
-    models = [rank_valued(torch.nn.Linear(3, 2)), rank_valued(torch.nn.Linear(2, 2), RANK * 10)]
+    models = [rank_valued(torch.nn.Linear(3, 2), RANK), rank_valued(torch.nn.Linear(2, 2), RANK * 10)]
     opts = [dss.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), named_parameters=m.named_parameters(),
                                      num_groups=1, seed=0, overlap=True) for m in models]
     for opt in opts:
@@ -217,7 +209,7 @@ def drifted_ranks_fail_clearly():
     One group of all ranks, so that the drifted average still meets (a group recurring at two steps).
     Last in the job: only named ops follow.
     """
-    model = rank_valued(torch.nn.Linear(3, 2))
+    model = rank_valued(torch.nn.Linear(3, 2), RANK)
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                    named_parameters=model.named_parameters(), num_groups=1, seed=0)
     opt.step()
@@ -235,7 +227,7 @@ def drifted_ranks_fail_clearly():
     want = "ranks of one group are at different DS-Sync steps: rank 0 at step 1, rank 1 at step 3"
     check(want in error, f"unexpected error: {error}")
     everyone = hvd.allgather_object(error, name="test.drift.errors")
-    check(len(set(everyone)) == 1, f"ranks raised different errors: {everyone}")
+    check_alike(everyone, f"ranks raised different errors: {everyone}")
 
 
 def main():

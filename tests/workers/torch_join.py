@@ -13,20 +13,17 @@ Configurations: the default groups (pairs for 4 ranks) with a bulk-synchronous w
 and the embedding averaged sparsely; the topology-aware schedule with local steps, overlap and ranks alone
 in their group; fp16 compression, whose first average is over all ranks. A hang fails the launch's timeout; every check raises on failure.
 """
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(); hvd.join is DS-Sync's from here on
 import torch
+from common import check
 from hvd_dssync.schedules import TopologyAware
 from hvd_dssync.topology import Topology
 from torch_sparse import Model  # an nn.Embedding(sparse=True) table and a dense head (this folder)
 
 BATCHES, EPOCHS = 5, 2
 RANK = SIZE = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 def flat(model):
@@ -69,7 +66,7 @@ def train(name, **kwargs):
 def main():
     global RANK, SIZE
     hvd.init()
-    RANK, SIZE = hvd.rank(), hvd.size()
+    RANK, SIZE = common.identify(hvd)
     check(SIZE == 4, "run with 4 ranks")
     train("default groups, warm-up, global averages", seed=1, warmup_steps=2, global_every=5,
           sparse_as_dense=True)

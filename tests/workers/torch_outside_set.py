@@ -4,22 +4,15 @@ As with ``hvd.DistributedOptimizer``: the even ranks train together (their model
 build the optimizer too, send nothing and train alone (their models differ). A bad argument raises the same
 error on every rank, members or not. Every check raises on failure, so a failing rank fails the launch.
 """
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
+from common import check, check_alike
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-even_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
-odd_set = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 1])
-mine = even_set if RANK % 2 == 0 else odd_set
+RANK, SIZE = common.identify(hvd)
+even_set, _, mine = common.even_and_odd_sets(hvd)
 
 # A bad argument: the same error on members and non-members, before anything is sent.
 try:
@@ -29,7 +22,8 @@ try:
 except ValueError as error:
     message = str(error)
 messages = hvd.allgather_object(message, name="test.outside.error")
-check(len(set(messages)) == 1 and "named_parameters" in message, f"errors differ between ranks: {messages}")
+check_alike(messages, f"errors differ between ranks: {messages}")
+check("named_parameters" in message, f"the error does not name named_parameters: {message}")
 
 torch.manual_seed(RANK)
 model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
@@ -45,13 +39,7 @@ check(opt.process_set is even_set, "the optimizer does not report its process se
 
 weights = model[2].weight.detach().reshape(-1)
 everyone = hvd.allgather(weights.unsqueeze(0), process_set=mine, name="test.outside.weights")
-if mine is even_set:
-    for other in everyone:
-        check(torch.allclose(other, weights), "even ranks ended with different models")
-else:
-    for position, other in enumerate(everyone):
-        if position != mine.rank():
-            check(not torch.allclose(other, weights), "odd ranks averaged although outside the optimizer's set")
+common.check_outside_weights(everyone, weights, mine, even_set, torch.allclose)
 
 # The ranks outside trained alone and sent nothing, as with Horovod, so a global op after training is named
 # (Horovod names an unnamed op by how many ops this process issued).

@@ -9,34 +9,15 @@ stays within its error bound of the exact group means. ``--init static`` registe
 """
 import argparse
 
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
+from common import check, expect_error, simulate
+from torch_semantics import rank_valued  # (this folder)
 
 SCHEDULE = dict(group_size=2, seed=7)
 RANK = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
-
-def expect_error(kind, words, build):
-    try:
-        build()
-    except kind as e:
-        check(all(w in str(e) for w in words), f"error {e!r} lacks {words}")
-        return
-    raise AssertionError(f"rank {RANK}: no {kind.__name__} mentioning {words}")
-
-
-def scalar_model(value):
-    model = torch.nn.Linear(3, 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(value)
-    return model
 
 
 def set_grads(model, value):
@@ -44,31 +25,10 @@ def set_grads(model, value):
         p.grad = torch.full_like(p, value)
 
 
-def simulate(ranks, schedule, policy, values, grads, lr, steps):
-    """Exact DS-Sync inside ``ranks``: each member's value after each step (schedule in positions)."""
-    values, history = dict(values), []
-    for t in range(steps):
-        kind = policy.action(t)
-        if kind == "bsp":
-            mean_grad = sum(grads[r] for r in ranks) / len(ranks)
-            values = {r: values[r] - lr * mean_grad for r in ranks}
-        else:
-            values = {r: values[r] - lr * grads[r] for r in ranks}
-            groups = [range(len(ranks))] if kind == "global" else schedule.groups(t)
-            new = dict(values)
-            for group in groups:
-                members = [ranks[i] for i in group]
-                mean = sum(values[r] for r in members) / len(members)
-                new.update({r: mean for r in members})
-            values = new
-        history.append(dict(values))
-    return history
-
-
 def train_inside(process_set, steps, lr, **kwargs):
     """Every rank of ``process_set``: start at its rank, gradient its rank; compare with the simulation."""
     ranks = sorted(process_set.ranks)
-    model = scalar_model(float(RANK))
+    model = rank_valued(torch.nn.Linear(3, 1), RANK)
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), process_set=process_set,
                                    **SCHEDULE, **kwargs)
@@ -178,7 +138,7 @@ def main():
         sets = [hvd.add_process_set(s) for s in sets]
         for s in sets:
             dss.add_process_set_groups(s, **SCHEDULE)
-    RANK = hvd.rank()
+    RANK, _ = common.identify(hvd)
     check(hvd.size() == 4, "run this job on 4 ranks")
     check_process_sets(sets)
     if args.init == "dynamic":

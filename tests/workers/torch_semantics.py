@@ -6,16 +6,13 @@ are interleaved with the DS-Sync steps throughout, as a user script would have t
 import argparse
 import os
 
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
+from common import check, check_alike, expected_values, fail
 
 RANK = SIZE = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 def user_unnamed_ops():
@@ -26,44 +23,24 @@ def user_unnamed_ops():
     check(gathered.tolist() == list(range(SIZE)), f"unnamed allgather gave {gathered.tolist()}")
 
 
+def rank_valued(module, value):
+    """``module`` with every parameter and floating-point buffer set to ``value`` (PyTorch workers share it)."""
+    with torch.no_grad():
+        for t in list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]:
+            t.fill_(float(value))
+    return module
+
+
 def rank_valued_model(with_batchnorm=False):
     layers = [torch.nn.Linear(3, 2)]
     if with_batchnorm:
         layers.append(torch.nn.BatchNorm1d(2))
-    model = torch.nn.Sequential(*layers)
-    with torch.no_grad():
-        for t in list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]:
-            t.fill_(float(RANK))
-    return model
+    return rank_valued(torch.nn.Sequential(*layers), RANK)
 
 
 def one_backward(model):
     model.zero_grad()
     model(torch.randn(4, 3)).sum().backward()
-
-
-def expected_values(plan, steps, overlap=False):
-    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0.
-
-    ``plan`` gives each step's kind; a group step averages in the groups of the schedule's step
-    ``plan.policy.schedule_step(t)``. With ``overlap`` an average lands one step late.
-    """
-    values = [float(r) for r in range(SIZE)]
-    history = []
-    for t in range(steps):
-        if not overlap or t > 0:
-            step = t - 1 if overlap else t
-            kind = plan.action(step).kind
-            groups = {"group": lambda: plan.schedule.groups(plan.policy.schedule_step(step)),
-                      "global": lambda: [tuple(range(SIZE))]}.get(kind, lambda: [])()
-            new = values[:]
-            for group in groups:
-                mean = sum(values[r] for r in group) / len(group)
-                for r in group:
-                    new[r] = mean
-            values = new
-        history.append(values[:])
-    return history
 
 
 def check_group_means(schedule_name, overlap=False, **kwargs):
@@ -72,7 +49,7 @@ def check_group_means(schedule_name, overlap=False, **kwargs):
                                    named_parameters=model.named_parameters(), model=model,
                                    schedule=schedule_name, seed=7, overlap=overlap, **kwargs)
     steps = 9
-    history = expected_values(opt._plan, steps, overlap)
+    history = expected_values(opt._plan, SIZE, steps, overlap)
     model.eval()  # BatchNorm must not update its statistics in the forward pass here
     for t in range(steps):
         one_backward(model)
@@ -88,7 +65,7 @@ def check_group_means(schedule_name, overlap=False, **kwargs):
     # Every rank reports the same groups.
     mine = [opt.schedule.groups(t) for t in range(12)]
     everyone = hvd.allgather_object(mine, name=f"test.groups.{schedule_name}")
-    check(all(g == mine for g in everyone), f"ranks disagree on schedule.groups: {everyone}")
+    check_alike(everyone, f"ranks disagree on schedule.groups: {everyone}")
     if SIZE >= 3 and schedule_name == "shuffle":
         check(len(set(mine)) > 1, f"the shuffle never changed its groups: {mine}")
     return model, opt
@@ -108,15 +85,13 @@ def check_synchronize_models():
         user_unnamed_ops()
     before = dss.consensus_distance(model)
     everyone = hvd.allgather_object(before, name="test.distance.before")
-    check(len(set(everyone)) == 1, f"consensus_distance differs between ranks: {everyone}")
+    check_alike(everyone, f"consensus_distance differs between ranks: {everyone}")
     if SIZE > 1:
         check(before > 0, f"models trained on different data should differ, distance {before}")
     dss.synchronize_models(model)
     flat = torch.cat([t.detach().reshape(-1) for t in model.state_dict().values() if t.is_floating_point()])
     rows = hvd.allgather(flat.unsqueeze(0), name="test.sync.weights")
-    check(all(torch.equal(rows[0], rows[r]) for r in range(SIZE)), "weights differ after synchronize_models")
-    after = dss.consensus_distance(model)
-    check(after == 0.0, f"consensus_distance after synchronize_models is {after}, want 0")
+    common.check_consensus(rows, torch.equal, dss.consensus_distance(model), "synchronize_models")
 
 
 def check_drop_in():
@@ -185,7 +160,7 @@ def check_outer_momentum(beta=0.5, lr=0.1, steps=6):
     except ValueError as e:
         check("``outer_momentum``" in str(e), f"outer_momentum=1.0 gave {e}")
     else:
-        raise AssertionError(f"rank {RANK}: outer_momentum=1.0 was accepted")
+        fail("outer_momentum=1.0 was accepted")
 
 
 def check_policies():
@@ -245,11 +220,10 @@ def init(how):
         dss.init(schedule="butterfly")
     elif how == "static-topology":
         # Static process sets for every window of a schedule whose bridges rotate.
-        size = int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])
-        dss.init(schedule="topology", topology=halves(size), schedule_options=ROTATING)
+        dss.init(schedule="topology", topology=halves(common.launcher_size()), schedule_options=ROTATING)
     else:
         hvd.init()
-    RANK, SIZE = hvd.rank(), hvd.size()
+    RANK, SIZE = common.identify(hvd)
 
 
 def main():
@@ -275,9 +249,7 @@ def main():
     check_group_means("butterfly")
     if not args.quick:
         check_group_means("shuffle", overlap=True, num_groups=num_groups)
-        check_group_means("topology", topology=[[r for r in range(SIZE) if r < (SIZE + 1) // 2],
-                                                [r for r in range(SIZE) if r >= (SIZE + 1) // 2]],
-                          schedule_options={"intra_steps": 1, "rotate_every": 2})
+        check_group_means("topology", topology=halves(SIZE), schedule_options=ROTATING)
         check_synchronize_models()
         check_drop_in()
         check_policies()

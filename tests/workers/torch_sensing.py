@@ -2,20 +2,16 @@
 keeps the default schedule it had before sensing (random groups), and a second optimizer senses nothing
 more. Every check raises on failure, so a failing rank fails the launch.
 """
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
+from common import check
 from hvd_dssync import sensing
 from hvd_dssync.plan import SyncPlan
 
 hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
-
+RANK, SIZE = common.identify(hvd)
 
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)

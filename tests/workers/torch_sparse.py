@@ -14,20 +14,17 @@ others, or a script's unnamed allreduce waits forever. Every check raises on fai
 import itertools
 import warnings
 
+import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import numpy as np
 import torch
+from common import check
 from hvd_dssync.schedules import TopologyAware
 from hvd_dssync.topology import Topology
 
 ROWS, WIDTH, STEPS, RESUME_AT = 2000, 8, 30, 14
 RANK = None
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(f"rank {RANK}: {message}")
 
 
 class Model(torch.nn.Module):
@@ -80,7 +77,7 @@ def train(sparse):
 def main():
     global RANK
     hvd.init()
-    RANK = hvd.rank()
+    RANK, _ = common.identify(hvd)
     check(hvd.size() == 4, "run with 4 ranks")
     sparse, sparse_bytes, rows, kinds = train(True)
     dense, dense_bytes, dense_rows, _ = train(False)

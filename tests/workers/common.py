@@ -1,0 +1,173 @@
+"""What the job workers of this folder share, free of any framework.
+
+Workers run as ``python tests/workers/<script>.py``, so this folder is first on ``sys.path`` and
+``import common`` finds this module. Horovod modules and framework ops come in as arguments; what needs
+PyTorch or Keras stays in the workers (``torch_semantics.py`` and ``keras_semantics.py`` hold what several
+workers of one framework share).
+
+Every check raises ``AssertionError`` naming this process's rank, so a failing rank exits non-zero and fails
+the launch.
+"""
+import copy
+import os
+import socket
+
+RANK = None  # this process's rank, named by every failed check; set by identify()
+
+
+def identify(hvd):
+    """This process's rank and the world's size from an initialized Horovod module (``horovod.torch`` or
+    ``horovod.tensorflow.keras``); from now on a failed check names the rank."""
+    global RANK
+    RANK = hvd.rank()
+    return RANK, hvd.size()
+
+
+def launcher_rank(default="0"):
+    """This process's rank as the launcher set it (horovodrun or mpirun), before Horovod is initialized."""
+    return os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", default))
+
+
+def launcher_size():
+    """The world's size as the launcher set it (horovodrun or mpirun), before Horovod is initialized."""
+    return int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])
+
+
+def fail(message):
+    raise AssertionError(f"rank {RANK}: {message}")
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def check_alike(everyone, message):
+    """``everyone`` (one value per rank, as an allgather gives them): every rank's value is the same."""
+    check(all(value == everyone[0] for value in everyone), message)
+
+
+def check_consensus(rows, equal, distance, after):
+    """After ``after`` (a synchronization): every rank's weights (``rows``, one a rank) are ``equal`` and the
+    consensus distance is 0."""
+    check(all(equal(rows[0], row) for row in rows), f"weights differ after {after}")
+    check(distance == 0.0, f"consensus distance after {after} is {distance}, want 0")
+
+
+def expect_error(kind, words, build):
+    """``build()`` raises ``kind`` with every one of ``words`` in its message."""
+    try:
+        build()
+    except kind as e:
+        check(all(w in str(e) for w in words), f"error {e!r} lacks {words}")
+        return
+    fail(f"no {kind.__name__} mentioning {words}")
+
+
+# What DS-Sync must do, computed on the side: scalar models, every rank starting at its own rank.
+
+def step_groups(plan, step, size):
+    """The kind of ``plan``'s step and the groups of global ranks that average at it (none at a step without
+    an average): a group step averages in the groups of the schedule's step ``plan.policy.schedule_step``."""
+    kind = plan.action(step).kind
+    if kind == "group":
+        return kind, plan.schedule.groups(plan.policy.schedule_step(step))
+    if kind == "global":
+        return kind, [tuple(range(size))]
+    return kind, []
+
+
+def averaged(values, groups):
+    """``values`` (a list or dict, one a rank) after every group of ``groups`` averaged: each member holds its
+    group's mean."""
+    new = copy.copy(values)
+    for group in groups:
+        mean = sum(values[r] for r in group) / len(group)
+        for r in group:
+            new[r] = mean
+    return new
+
+
+def expected_values(plan, size, steps, overlap=False, skipped=()):
+    """Each rank's scalar value after each step, when every rank starts at its rank and lr is 0.
+
+    With ``overlap`` an average lands one step late; ``skipped`` steps (a loss-scale optimizer's, on overflow)
+    count but neither update nor average.
+    """
+    values = [float(r) for r in range(size)]
+    history = []
+    for t in range(steps):
+        if not overlap or t > 0:
+            step = t - 1 if overlap else t
+            if step not in skipped:
+                values = averaged(values, step_groups(plan, step, size)[1])
+        history.append(values[:])
+    return history
+
+
+def simulate(ranks, schedule, policy, values, grads, lr, steps):
+    """Exact DS-Sync with SGD inside the process set of ``ranks``: each member's value after each step.
+
+    ``values`` and ``grads`` map each member to its start and its gradient; ``schedule`` names positions in
+    ``ranks``; ``policy.action(t)`` is "bsp" (the gradients averaged), "global" or a group step.
+    """
+    values, history = dict(values), []
+    for t in range(steps):
+        kind = policy.action(t)
+        if kind == "bsp":
+            mean_grad = sum(grads[r] for r in ranks) / len(ranks)
+            values = {r: values[r] - lr * mean_grad for r in ranks}
+        else:
+            values = {r: values[r] - lr * grads[r] for r in ranks}
+            groups = [range(len(ranks))] if kind == "global" else schedule.groups(t)
+            values = averaged(values, [[ranks[i] for i in group] for group in groups])
+        history.append(dict(values))
+    return history
+
+
+# Jobs across emulated hosts of ``slots`` ranks each.
+
+def check_host_layout(hvd, allgather_object, slots):
+    """Horovod's layout: ranks numbered host by host, ``slots`` per host, every host its own hostname.
+    Returns the layout and every rank's hostname."""
+    size = hvd.size()
+    layout = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
+    check(layout == (RANK % slots, slots, RANK // slots, size // slots), f"layout {layout}")
+    hosts = allgather_object(socket.gethostname(), name="test.hosts")
+    check(all((hosts[a] == hosts[b]) == (a // slots == b // slots) for a in range(size) for b in range(size)),
+          f"hostnames {hosts}")
+    return layout, hosts
+
+
+def check_sensed_hosts(sensed, size, slots):
+    """The default sensed the hosts and took each one as a rack. Returns what it sensed (``{}`` for nothing)."""
+    sensed = sensed or {}
+    racks = [list(range(h * slots, (h + 1) * slots)) for h in range(size // slots)]
+    check(sensed.get("how") == "hosts" and sensed.get("racks") == racks, f"sensed {sensed}")
+    return sensed
+
+
+def crosses_hosts(groups, slots):
+    return any(len({r // slots for r in g}) > 1 for g in groups)
+
+
+# Jobs where every rank builds an optimizer restricted to the even ranks' process set.
+
+def even_and_odd_sets(hvd):
+    """The even and the odd ranks' process sets, added to Horovod, and the one of this rank."""
+    size = hvd.size()
+    even_set = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odd_set = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
+    return even_set, odd_set, even_set if RANK % 2 == 0 else odd_set
+
+
+def check_outside_weights(everyone, weights, mine, even_set, close):
+    """``everyone``: the weights of every rank of this rank's set (``mine``), in its order. The even ranks
+    trained together: their models are equal; the odd ranks trained alone: theirs differ."""
+    if mine is even_set:
+        for other in everyone:
+            check(close(other, weights), "even ranks ended with different models")
+    else:
+        for position, other in enumerate(everyone):
+            if position != mine.rank():
+                check(not close(other, weights), "odd ranks averaged although outside the optimizer's set")
