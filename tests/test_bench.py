@@ -101,6 +101,11 @@ def test_estimated_bottleneck_bytes_follow_the_ring():
     # With local steps (period 4): one global average in 4 steps, as PostLocalSGD's periodic averager.
     assert report.estimate_bottleneck_bytes("dssync-local", 8, racks, 1000, config) == pytest.approx(2 * 1750)
     assert report.estimate_bottleneck_bytes("postlocal-periodic", 8, racks, 1000, config) == pytest.approx(2 * 1750)
+    # Open MPI's coll/han: inside each host, then a binomial reduce and broadcast over one rank per host;
+    # the tree's edge between the racks carries the model once each way.
+    for slots in (4, 2, 1):
+        assert report.estimate_bottleneck_bytes("horovod-hierarchical", 10, racks, 1000,
+                                                dict(config, slots_per_host=slots)) == pytest.approx(10 * 1000)
 
 
 def _row(scenario, contender, t, acc=0.96, step=0.1, train_seconds=20.0):
@@ -193,6 +198,15 @@ def test_bench_refuses_no_runs(capsys):
 
     assert main(["--repeat", "0"]) == 2
     assert "--repeat must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_leaves_the_mpirun_contender_out_on_loopback(tmp_path, capsys):
+    from hvd_dssync.bench.cli import main
+
+    assert main(["--loopback", "--contenders", "horovod-hierarchical", "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "leaving out horovod-hierarchical: it needs mpirun across emulated hosts" in out, out
+    assert "no contender left to run" in err
 
 
 def test_scenarios_every_one_built_from_the_bench_arguments():

@@ -47,6 +47,26 @@ def test_slots_per_host_must_divide_every_rack():
     assert bed.hosts_arg() == "10.77.0.10:2,10.77.0.11:2" and bed.host_count == 2
 
 
+def test_the_hierarchical_contender_runs_under_mpirun_with_open_mpis_han(tmp_path):
+    from hvd_dssync.bench.launchers import MPIRUN_ONLY, contender_launcher
+
+    bed = Testbed(racks=[2, 2], slots_per_host=2)  # not created: naming alone
+    argv = launch_command(bed, "mpirun", ["python", "train.py"], str(tmp_path), hierarchical=True)
+    pairs = list(zip(argv, argv[1:]))
+    assert ("coll_han_priority", "100") in pairs and ("coll_han_use_simple_allreduce", "1") in pairs, argv
+    assert ("-x", "HOROVOD_HIERARCHICAL_ALLREDUCE") in pairs and argv[-2:] == ["python", "train.py"], argv
+    assert "coll_han_priority" not in launch_command(bed, "mpirun", ["python", "train.py"], str(tmp_path))
+    with pytest.raises(ValueError, match="mpirun"):
+        launch_command(bed, "horovodrun", ["python", "train.py"], str(tmp_path), hierarchical=True)
+    env = launch_env(bed, "mpirun", str(tmp_path), base={}, hierarchical=True)
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1" and env["HOROVOD_CPU_OPERATIONS"] == "mpi", env
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in launch_env(bed, "mpirun", str(tmp_path), base={})
+    # Whatever the bench's --launcher, the hierarchical contender is launched by mpirun; the others are not.
+    assert MPIRUN_ONLY == ("horovod-hierarchical",)
+    assert {contender_launcher("horovod-hierarchical", x) for x in ("bench", *LAUNCHERS)} == {"mpirun"}
+    assert [contender_launcher("horovod-bsp", x) for x in ("bench", *LAUNCHERS)] == ["bench", *LAUNCHERS]
+
+
 @pytest.fixture
 def two_hosts():
     """Two emulated hosts of SLOTS ranks, one per rack; removed on every exit path."""

@@ -7,8 +7,10 @@ scenario.
 By default (``--launcher bench``) every rank is an emulated host (network namespace) launched with the
 Gloo controller and a rendezvous server started here. ``--launcher horovodrun`` or ``mpirun`` launches the
 Horovod contenders as on a cluster instead: the launcher on the first host, the others reached through its
-remote-shell setting (:mod:`hvd_dssync.bench.launchers`), ``--slots-per-host`` ranks on each host. Without
-root or network namespaces the run falls back to loopback (unshaped, one scenario) and says so.
+remote-shell setting (:mod:`hvd_dssync.bench.launchers`), ``--slots-per-host`` ranks on each host.
+``horovod-hierarchical`` (Horovod's hierarchical allreduce on CPUs: Open MPI's coll/han) runs under mpirun
+whatever ``--launcher`` says, on the same hosts; ``results.json`` says so (``launchers``). Without root or
+network namespaces the run falls back to loopback (unshaped, one scenario, no mpirun contender) and says so.
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ import time
 
 from . import report
 from .contenders import CONTENDERS, HOROVOD_CONTENDERS, JobFailed, run_contender
+from .launchers import MPIRUN_ONLY, contender_launcher, run_launched_contender
 from .scenarios import SCENARIOS, scenario
 from .testbed import LoopbackBed, Testbed, namespaces_available
 
@@ -44,7 +47,8 @@ def build_parser():
     p.add_argument("--racks", type=int, default=2, help="racks of equal size, ranks numbered rack by rack")
     p.add_argument("--launcher", choices=("bench", "horovodrun", "mpirun"), default="bench",
                    help="bench: ranks started here with Horovod's rendezvous (every contender); horovodrun, "
-                        "mpirun: the Horovod contenders launched from the first host (docs/multihost.md)")
+                        "mpirun: the Horovod contenders launched from the first host (docs/multihost.md); "
+                        "horovod-hierarchical runs under mpirun with each of them")
     p.add_argument("--slots-per-host", type=int, default=1,
                    help="ranks per emulated host (more than 1 needs --launcher horovodrun or mpirun)")
     p.add_argument("--intra-mbit", type=float, default=400.0, help="each host's own link rate")
@@ -146,10 +150,20 @@ def main(argv=None):
     if not ok and args.launcher != "bench":
         print(f"bench: --launcher {args.launcher} needs network namespaces ({why})", file=sys.stderr)
         return 2
+    skipped = []
+    if not ok:  # mpirun places ranks on the emulated hosts: none on loopback
+        skipped = [{"contender": c, "why": f"needs mpirun across emulated hosts; network namespaces: {why}"}
+                   for c in args.contenders if c in MPIRUN_ONLY]
+        args.contenders = [c for c in args.contenders if c not in MPIRUN_ONLY]
+        for item in skipped:
+            print(f"bench: leaving out {item['contender']}: it {item['why']}")
+        if not args.contenders:
+            print("bench: no contender left to run", file=sys.stderr)
+            return 2
     config = {"seed": args.seed, "hidden": args.hidden, "batch": args.batch, "lr": args.lr, "momentum": args.momentum,
               "steps": args.steps, "eval_every": args.eval_every, "max_train_seconds": args.max_train_seconds,
               "calibration_steps": 10, "racks": racks, "local_period": args.local_period,
-              "warmup_steps": args.warmup_steps, "target": args.target}
+              "warmup_steps": args.warmup_steps, "target": args.target, "slots_per_host": args.slots_per_host}
     if ok:
         bed = Testbed([per_rack] * args.racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit,
                       delay_ms=args.delay_ms, slots_per_host=args.slots_per_host)
@@ -166,12 +180,17 @@ def main(argv=None):
         launcher = ("Gloo controller; rendezvous server started by the bench inside rank 0's namespace; one "
                     "process per namespace; OMP_NUM_THREADS=1")
     else:
-        from .launchers import run_launched_contender
-
         launcher = (f"{args.launcher} from the first host's namespace, the other hosts reached through its "
                     f"remote-shell setting (hvd_dssync.bench.remote_shell); {args.slots_per_host} rank(s) per "
                     "host; " + ("Gloo controller, --network-interface eth0" if args.launcher == "horovodrun"
                                 else "MPI controller and operations, btl tcp on eth0") + "; OMP_NUM_THREADS=1")
+    launchers = {c: contender_launcher(c, args.launcher) for c in args.contenders}
+    for c in (c for c in args.contenders if c in MPIRUN_ONLY):
+        launcher += (f"; {c}: " + ("" if args.launcher == "mpirun" else
+                                   f"mpirun from the first host's namespace, {args.slots_per_host} rank(s) per host, "
+                                   "MPI controller and operations, ") +
+                     "Open MPI's coll/han (--mca coll_han_priority 100 --mca coll_han_use_simple_allreduce 1), "
+                     "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (no effect on CPUs)")
     started = time.monotonic()
     with bed:
         testbed = bed.describe()
@@ -193,12 +212,12 @@ def main(argv=None):
                       + (f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else "") + " ...", flush=True)
                 t0 = time.monotonic()
                 try:
-                    if args.launcher == "bench":
+                    if launchers[contender] == "bench":
                         record = run_contender(bed, contender, job_config, args.timeout,
                                                rate_changes=setting["rate_changes"])
                     else:
-                        record = run_launched_contender(bed, args.launcher, contender, job_config, args.timeout,
-                                                        rate_changes=setting["rate_changes"])
+                        record = run_launched_contender(bed, launchers[contender], contender, job_config,
+                                                        args.timeout, rate_changes=setting["rate_changes"])
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
                     failures.append({"scenario": setting["name"], "contender": contender, "run": run,
@@ -214,7 +233,7 @@ def main(argv=None):
     rows = report.combine(run_rows)
     checks = report.targets(rows)
     payload = {"command": "python -m hvd_dssync bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "testbed": testbed, "launcher": launcher,
+               "testbed": testbed, "launcher": launcher, "launchers": launchers, "skipped": skipped,
                "config": config, "repeat": args.repeat, "scenarios": scenarios, "rows": rows, "run_rows": run_rows,
                "runs": runs, "failures": failures,
                "targets": [{"target": t, "met": m, "figures": f} for t, m, f in checks],

@@ -4,7 +4,8 @@ Horovod contenders run under the Gloo controller without ``horovodrun``: this mo
 rendezvous server inside rank 0's namespace (:mod:`hvd_dssync.bench.rendezvous`) and gives every rank
 the environment ``horovodrun --gloo`` would. PyTorch contenders use ``torch.distributed`` over Gloo with
 rank 0's address as ``MASTER_ADDR``. Every rank is one emulated host (namespace); in loopback mode all
-ranks are on one host.
+ranks are on one host. ``horovod-hierarchical`` is not started here: it needs ranks launched by mpirun
+(:func:`hvd_dssync.bench.launchers.run_launched_contender`).
 """
 import json
 import os
@@ -15,11 +16,11 @@ import threading
 import time
 
 from .marks import MarkWatch
-from .worker import CONTENDERS
+from .worker import CONTENDERS, HOROVOD_BSP
 
 __all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
 
-HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c == "horovod-bsp" or c.startswith("dssync-"))
+HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c in HOROVOD_BSP or c.startswith("dssync-"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Settings every rank gets, whatever the contender: one math thread per rank (ranks outnumber cores).
@@ -89,6 +90,8 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
     starts (dynamic contention), and the rate is restored afterwards. Raises :class:`JobFailed` with every
     rank's output tail when a rank fails or the job outlives ``timeout`` seconds.
     """
+    if contender == "horovod-hierarchical":
+        raise JobFailed(f"{contender}: runs only under mpirun (hvd_dssync.bench.launchers.run_launched_contender)")
     deadline = time.monotonic() + timeout
     workdir = tempfile.mkdtemp(prefix="hvd_dssync-bench-")
     out_path = os.path.join(workdir, "record.json")

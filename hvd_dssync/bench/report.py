@@ -30,6 +30,9 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
     world = tuple(range(size))
     if contender in ("horovod-bsp", "ddp"):
         return [[world]] * steps
+    if contender == "horovod-hierarchical":
+        # Open MPI's coll/han: inside each host (no rack link crossed), then between one rank per host.
+        return [[tuple(range(0, size, config.get("slots_per_host", 1)))]] * steps
     if contender.startswith("postlocal-"):
         period, warmup = config["local_period"], config.get("warmup_steps", 0)
         out = []
@@ -68,14 +71,33 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
     return out
 
 
+def _binomial_crossings(group, rack_of):
+    """Edges of a binomial reduce to ``group``'s first rank (the same tree broadcasts back) that cross
+    from one rack to another, by direction: each carries the whole model once each way."""
+    ranks = sorted(group)
+    out = {}
+    for j in range(1, len(ranks)):
+        child, parent = ranks[j], ranks[j & (j - 1)]
+        if rack_of[child] != rack_of[parent]:
+            for key in ((rack_of[child], rack_of[parent]), (rack_of[parent], rack_of[child])):
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
 def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sensed_racks=None):
     """Ring-allreduce estimate of the bytes over the busiest inter-rack direction (steps only);
-    ``sensed_racks``: those the default schedule sensed and averaged in (dssync-default)."""
+    ``sensed_racks``: those the default schedule sensed and averaged in (dssync-default).
+    ``horovod-hierarchical``: Open MPI's coll/han with its simple allreduce, whose allreduce between one
+    rank per host is a binomial reduce and broadcast (libnbc, in place), not a ring."""
     rack_of = {r: k for k, rack in enumerate(racks) for r in rack}
     per_direction = {}
     for groups in _groups_per_step(contender, steps, racks, config, sensed_racks):
         for group in groups or ():
             n = len(group)
+            if contender == "horovod-hierarchical":
+                for key, edges in _binomial_crossings(group, rack_of).items():
+                    per_direction[key] = per_direction.get(key, 0.0) + edges * model_bytes
+                continue
             for key, edges in _ring_crossings(group, rack_of).items():
                 per_direction[key] = per_direction.get(key, 0.0) + edges * 2 * (n - 1) / n * model_bytes
     return max(per_direction.values(), default=0.0)

@@ -23,7 +23,7 @@ import numpy as np
 from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
-__all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "dssync_arguments"]
+__all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "HOROVOD_BSP", "dssync_arguments"]
 
 # DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
 # one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
@@ -63,7 +63,12 @@ IDLE_SETS = {"dssync-local-idle-sets": "dssync-topology-local"}
 # default schedule comes from what the optimizer senses of the network (``topology="auto"``). Its record
 # holds what was sensed and what it cost (``record["sensed"]``).
 DEFAULT = "dssync-default"
-CONTENDERS = ("horovod-bsp", "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
+# Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
+# on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
+# CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical
+# collectives (coll/han) (hvd_dssync.bench.launchers.HIERARCHICAL_MCA); it refuses to run otherwise.
+HOROVOD_BSP = ("horovod-bsp", "horovod-hierarchical")
+CONTENDERS = (*HOROVOD_BSP, "ddp", "postlocal-periodic", "postlocal-hierarchical", *DSSYNC_CONTENDERS)
 # Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
 # that allreduce every step.
 STOP_MARGIN = 24
@@ -154,13 +159,16 @@ def _make_contender(name, model, config, rank, size):
     lr, momentum = config["lr"], config["momentum"]
     racks = config["racks"]
     warmup = config.get("warmup_steps", 0)
-    if name.startswith("dssync-") or name == "horovod-bsp":
+    if name.startswith("dssync-") or name in HOROVOD_BSP:
         import horovod.torch as hvd
         import hvd_dssync.torch as dss
         from hvd_dssync.adaptive import AdaptivePolicy
 
-        if name == "horovod-bsp":
+        if name in HOROVOD_BSP:
             hvd.init()
+            if name == "horovod-hierarchical" and not hvd.mpi_enabled():
+                raise RuntimeError("horovod-hierarchical runs under mpirun with Horovod's MPI controller and "
+                                   "operations (Open MPI's coll/han does its hierarchy); this job is not an MPI one")
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                            named_parameters=model.named_parameters())
             sync = None
@@ -313,7 +321,7 @@ def run(config):
     kinds, kind_of_step, slowed_seconds, decisions = {}, [], 0.0, []
     train_clock = 0.0
     loss_value = float("nan")
-    margin = 1 if name in ("horovod-bsp", "ddp") else STOP_MARGIN  # every step of theirs waits for every rank
+    margin = 1 if name in (*HOROVOD_BSP, "ddp") else STOP_MARGIN  # every step of theirs waits for every rank
     stop = StopSignal(config["out"] + ".stop", rank, config.get("stop_margin", margin))
     for step in range(config["steps"]):
         if stop.now(step):
