@@ -1,26 +1,33 @@
 """DS-Sync's own arguments in one object, validated once, and how they resolve into a schedule.
 
 :class:`SyncConfig` holds the arguments that both adapters' ``DistributedOptimizer`` take for DS-Sync
-(not Horovod's, not the model): it checks them when it is built, naming the argument, turns into plain
-data for checkpoints and the ranks' agreement (:meth:`SyncConfig.to_dict`), and follows an elastic change
-of world (:meth:`SyncConfig.for_world`). :class:`hvd_dssync.plan.SyncPlan` can be built from it
-(``SyncPlan.from_config``).
+(not Horovod's, not the model): it checks them when it is built, before any communication, naming the
+argument; :meth:`SyncConfig.resolve` settles the racks and the default schedule (both adapters call it the
+same way). The optimizer keeps the result as one object: its plan is built from it
+(``SyncPlan.from_config``), checkpoints record it (:meth:`SyncConfig.plan_data`; :meth:`SyncConfig.to_dict`
+turns it all into plain data), and an elastic change of world follows it (:meth:`SyncConfig.for_world`).
 
 The functions below resolve the schedule arguments the same way for every caller (the plan, the adapters'
 ``init``, the process-set helpers): :func:`resolve_schedule` (the default schedule),
-:func:`default_group_size`, :func:`build_schedule` and :func:`arguments_for_world`. Every one is a pure
-function of its arguments (and ``HVD_DSSYNC_TOPOLOGY``): every rank decides alike, without communicating.
+:func:`default_group_size`, :func:`build_schedule`, :func:`arguments_for_world` and
+:func:`refuse_topology_in_process_set`. Every one is a pure function of its arguments (and
+``HVD_DSSYNC_TOPOLOGY``): every rank decides alike, without communicating.
 """
 import math
 import os
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
+
 from .adaptive import AdaptivePolicy
 from .policy import Policy
 from .schedules import SCHEDULE_NAMES, Schedule, make_schedule, refuse_sizes_with_topology
+from .schedules.base import _check_int
+from .sensing import AUTO
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
 
-__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "build_schedule", "arguments_for_world"]
+__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "build_schedule", "arguments_for_world",
+           "refuse_topology_in_process_set"]
 
 
 def default_group_size(world_size):
@@ -137,14 +144,70 @@ def arguments_for_world(arguments, world_size):
     return arguments
 
 
-def _optional_positive_int(name, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"Arg ``{name}`` must be a positive integer or None, got {value!r}.")
+def refuse_topology_in_process_set(in_process_set, schedule, topology):
+    """Refuse the topology-aware schedule inside a process set, naming ``process_set``: finding the hosts is a
+    collective over all ranks. Both adapters call it (:meth:`SyncConfig.resolve`); no communication.
+
+    Example::
+
+        >>> refuse_topology_in_process_set(True, "shuffle", None)
+        >>> refuse_topology_in_process_set(True, "topology", None)
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a process set ...
+    """
+    if in_process_set and (topology is not None or schedule == "topology"):
+        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
+                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
+                         "'butterfly'.")
+
+
+def _integer(name, value):
+    """The type half of the schedules' integer check (:func:`hvd_dssync.schedules.base._check_int`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Arg ``{name}`` must be an integer, got {value!r}.")
+
+
+def _check_schedule(schedule, resolved, num_groups, group_size, seed):
+    """The schedule's arguments checked as :func:`hvd_dssync.schedules.make_schedule` and the schedules check
+    them (the same errors, in the same order), but for what needs the world size."""
+    if isinstance(schedule, Schedule):
+        return
+    _integer("seed", seed)
+    if not isinstance(resolved, str):
+        if not callable(getattr(schedule, "groups", None)):
+            raise TypeError(f"Arg ``schedule`` must be a name in {SCHEDULE_NAMES} or an object with a "
+                            f"groups(step) method, got {schedule!r}.")
+    elif resolved == "shuffle":
+        if num_groups is not None and group_size is not None:
+            raise ValueError("Pass exactly one of ``num_groups`` and ``group_size`` "
+                             f"(got num_groups={num_groups!r}, group_size={group_size!r}).")
+        if num_groups is not None:
+            _check_int("num_groups", num_groups, 1)
+        elif group_size is not None:
+            _check_int("group_size", group_size, 1)
+        _check_int("seed", seed, 0)
+    elif resolved == "butterfly":
+        if num_groups is not None:
+            raise ValueError("Arg ``num_groups`` does not apply to schedule='butterfly'; give ``group_size``.")
+        if group_size is not None:  # its least value depends on the world size: the schedule checks it
+            _integer("group_size", group_size)
+    elif resolved != "topology":
+        raise ValueError(f"Arg ``schedule`` must be one of {SCHEDULE_NAMES} or a schedule object, got {schedule!r}.")
 
 
 def _flag(name, value):
     if not isinstance(value, bool):
         raise ValueError(f"Arg ``{name}`` must be True or False, got {value!r}.")
+
+
+def _is_auto(topology):
+    return isinstance(topology, str) and topology == AUTO
+
+
+# The fields a plan is built from (SyncPlan's arguments, the policy aside).
+_PLAN_KEYS = ("schedule", "num_groups", "group_size", "seed", "topology", "warmup_steps", "global_every",
+              "average_every", "schedule_options")
 
 
 @dataclass(frozen=True)
@@ -154,12 +217,19 @@ class SyncConfig:
     The fields are the keyword arguments both adapters' ``DistributedOptimizer`` take for DS-Sync, with
     their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``overlap``
     and ``outer_momentum`` act in the PyTorch adapter only). ``schedule`` is a name in
-    ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``policy`` is
+    ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``topology`` is
+    racks, a :class:`hvd_dssync.topology.Topology`, None, or "auto" (sensed by :meth:`resolve`); ``policy`` is
     None, "fixed", "adaptive", an :class:`hvd_dssync.adaptive.AdaptivePolicy` or its ``config()``.
     Conflicting arguments are refused: ``num_groups`` with ``group_size``, ``num_groups`` with
     "butterfly", either with the topology-aware schedule, ``global_every`` with the adaptive policy.
-    Validation needs no world size (the sizes are checked against it by :meth:`schedule_for`) and no
-    communication.
+    The errors are the plan's and the schedules' own, raised before any communication; what needs the world
+    size (``num_groups`` above it, a schedule object's partitions) is checked when the plan is built
+    (:meth:`schedule_for`, :meth:`hvd_dssync.plan.SyncPlan.from_config`).
+
+    Both adapters build their optimizer's configuration alike: ``SyncConfig(...)`` from the arguments, then
+    :meth:`resolve` (the racks and the default schedule); the optimizer keeps the result, builds its plan
+    from it, compares it across ranks, writes it in checkpoints (:meth:`plan_data`) and follows a change of
+    world with :meth:`for_world`.
 
     Example::
 
@@ -173,7 +243,7 @@ class SyncConfig:
         >>> SyncConfig(num_groups=2, group_size=2)
         Traceback (most recent call last):
         ...
-        ValueError: Arg ``group_size``: pass exactly one of ``num_groups`` and ``group_size`` (got num_groups=2, group_size=2).
+        ValueError: Pass exactly one of ``num_groups`` and ``group_size`` (got num_groups=2, group_size=2).
     """
     num_groups: object = None
     group_size: object = None
@@ -191,34 +261,45 @@ class SyncConfig:
     sparse_average: bool = True
 
     def __post_init__(self):
-        _optional_positive_int("num_groups", self.num_groups)
-        _optional_positive_int("group_size", self.group_size)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"Arg ``seed`` must be a non-negative integer, got {self.seed!r}.")
-        schedule = self.schedule
-        if isinstance(schedule, str) and schedule not in SCHEDULE_NAMES:
-            raise ValueError(f"Arg ``schedule`` must be one of {SCHEDULE_NAMES}, a schedule object or None, "
-                             f"got {schedule!r}.")
-        if not (schedule is None or isinstance(schedule, (str, Schedule)) or callable(getattr(schedule, "groups", None))):
-            raise ValueError(f"Arg ``schedule`` must be one of {SCHEDULE_NAMES}, a schedule object or None, "
-                             f"got {schedule!r}.")
-        resolved = resolve_schedule(schedule, self.num_groups, self.group_size, self.topology)[0]
-        if resolved == "shuffle" and self.num_groups is not None and self.group_size is not None:
-            raise ValueError("Arg ``group_size``: pass exactly one of ``num_groups`` and ``group_size`` "
-                             f"(got num_groups={self.num_groups!r}, group_size={self.group_size!r}).")
-        if resolved == "butterfly" and self.num_groups is not None:
-            raise ValueError("Arg ``num_groups`` does not apply to schedule='butterfly'; give ``group_size``.")
+        # In the order the plan checks them: the policies, the schedule's resolution, the schedule.
+        AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
+        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self.average_every)
+        racks = None if _is_auto(self.topology) else self.topology
+        resolved = resolve_schedule(self.schedule, self.num_groups, self.group_size, racks)[0]
+        _check_schedule(self.schedule, resolved, self.num_groups, self.group_size, self.seed)
         if self.schedule_options is not None:
             if not isinstance(self.schedule_options, dict):
                 raise ValueError(f"Arg ``schedule_options`` must be a dict or None, got {self.schedule_options!r}.")
             object.__setattr__(self, "schedule_options", dict(self.schedule_options))
-        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self.average_every)
-        AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
         momentum = self.outer_momentum
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {momentum!r}.")
         for name in ("overlap", "average_buffers", "sparse_average"):
             _flag(name, getattr(self, name))
+
+    def resolve(self, sense, job_topology, in_process_set=False):
+        """This configuration as an optimizer keeps it, with what was sensed: ``(config, Sensed or None)``.
+
+        ``sense(schedule, num_groups, group_size, topology, schedule_options, whole_job)`` is the adapter's
+        :func:`hvd_dssync.sensing.default_topology`: ``topology="auto"`` becomes the sensed racks or None.
+        The schedule is then resolved (:func:`resolve_schedule`: None becomes "topology" or "shuffle"), and
+        racks, where there are any, become the job's :class:`hvd_dssync.topology.Topology` through
+        ``job_topology(spec)`` (the adapter's allgather of host names). Inside a process set
+        (``in_process_set``) the topology-aware schedule is refused (:func:`refuse_topology_in_process_set`).
+        Call it on every rank at the same point: sensing and ``job_topology`` are collectives.
+
+        Example::
+
+            config, sensed = SyncConfig(num_groups=2, topology="auto").resolve(sense, job_topology)
+        """
+        topology, sensed = sense(self.schedule, self.num_groups, self.group_size, self.topology,
+                                 self.schedule_options, not in_process_set)
+        refuse_topology_in_process_set(in_process_set, self.schedule, topology)
+        schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, topology)[0]
+        refuse_topology_in_process_set(in_process_set, schedule, topology)  # HVD_DSSYNC_TOPOLOGY may make it so
+        if topology is not None or schedule == "topology":
+            topology = job_topology(topology)
+        return replace(self, schedule=schedule, topology=topology), sensed
 
     def adaptive(self):
         """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""
@@ -226,13 +307,27 @@ class SyncConfig:
 
     def plan_arguments(self):
         """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
-        arguments = {k: getattr(self, k) for k in ("schedule", "num_groups", "group_size", "seed", "topology",
-                                                   "warmup_steps", "global_every", "average_every",
-                                                   "schedule_options")}
+        arguments = {key: getattr(self, key) for key in _PLAN_KEYS}
         adaptive = self.adaptive()
         if adaptive is not None:
             arguments["adaptive"] = adaptive.config()
         return arguments
+
+    def plan_data(self):
+        """:meth:`plan_arguments` as plain data (:meth:`to_dict`'s form): what a checkpoint records, and
+        compares on resuming in a world of another size.
+
+        Example::
+
+            >>> SyncConfig(schedule="shuffle", group_size=2).plan_data()["group_size"]
+            2
+        """
+        data = self.to_dict()
+        out = {key: data[key] for key in _PLAN_KEYS}
+        adaptive = self.adaptive()
+        if adaptive is not None:
+            out["adaptive"] = adaptive.config()
+        return out
 
     def schedule_for(self, world_size):
         """The schedule of these arguments for ``world_size`` ranks (:func:`build_schedule`)."""
@@ -240,8 +335,10 @@ class SyncConfig:
                               self.topology, self.schedule_options)
 
     def for_world(self, world_size):
-        """These arguments for a world of ``world_size`` ranks after an elastic change
-        (:func:`arguments_for_world`: sizes capped; a schedule object or a topology refused)."""
+        """These arguments (resolved, :meth:`resolve`) for a world of ``world_size`` ranks after an elastic
+        change (:func:`arguments_for_world`: sizes capped; a schedule object or a topology refused). The
+        optimizer keeps its configuration as built and asks again at each change, so that a world that grows
+        back gets its sizes back."""
         capped = arguments_for_world({"schedule": self.schedule, "num_groups": self.num_groups,
                                       "group_size": self.group_size, "topology": self.topology}, world_size)
         return replace(self, num_groups=capped["num_groups"], group_size=capped["group_size"])

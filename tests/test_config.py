@@ -1,6 +1,7 @@
 """hvd_dssync.config.SyncConfig: one validated object for DS-Sync's own arguments."""
 import json
 
+import numpy as np
 import pytest
 
 from hvd_dssync.adaptive import AdaptivePolicy
@@ -35,8 +36,35 @@ def test_defaults_are_the_adapters():
 ])
 def test_invalid_arguments_are_refused_by_name(monkeypatch, arguments, named):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    with pytest.raises(ValueError, match=f"``{named}``"):
+    # A value of the wrong type raises the schedules' TypeError, as the plan does.
+    with pytest.raises((ValueError, TypeError), match=f"``{named}``"):
         SyncConfig(**arguments)
+
+
+@pytest.mark.parametrize("arguments", [
+    {"num_groups": 0}, {"num_groups": 1.5}, {"group_size": 0}, {"seed": -1}, {"seed": 0.5}, {"seed": "0"},
+    {"seed": None}, {"schedule": "shufle"}, {"schedule": 3}, {"warmup_steps": -1}, {"average_every": 0},
+    {"policy": "sometimes"}, {"num_groups": 2, "group_size": 2}, {"schedule": "butterfly", "num_groups": 2},
+    {"schedule": "butterfly", "group_size": 1.5}, {"schedule": "topology", "group_size": 2},
+    {"policy": "adaptive", "global_every": 4},
+])
+def test_the_errors_are_the_plans(monkeypatch, arguments):
+    """The configuration refuses what the plan refuses, with the plan's very error, before any world size."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    planned_arguments = {("adaptive" if k == "policy" else k): v for k, v in arguments.items()}
+    with pytest.raises((ValueError, TypeError)) as planned:
+        SyncPlan(0, 4, **planned_arguments)
+    with pytest.raises(type(planned.value)) as configured:
+        SyncConfig(**arguments)
+    assert str(configured.value) == str(planned.value)
+
+
+def test_accepted_as_the_plan_accepts(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert SyncConfig(num_groups=np.int64(2), seed=np.int64(3)).plan_arguments()["seed"] == 3
+    assert SyncConfig(schedule="butterfly", seed=-1).schedule_for(4).config()["name"] == "butterfly"
+    assert SyncConfig(schedule=Butterfly(4), seed=None).schedule_for(4) is not None
+    assert SyncConfig(topology="auto", num_groups=2).topology == "auto"  # sensed by resolve()
 
 
 def test_the_racks_from_the_environment_refuse_sizes(monkeypatch):
@@ -92,3 +120,46 @@ def test_schedule_for_is_the_plans():
     assert build_schedule(1).config()["num_groups"] == 1
     with pytest.raises(ValueError, match="``num_groups`` must be at most the world size 2"):
         SyncConfig(num_groups=3).schedule_for(2)
+
+
+def _no_sensing(schedule, num_groups, group_size, topology, schedule_options, whole_job):
+    return (None if topology == "auto" else topology), None
+
+
+def test_resolve_senses_then_resolves_the_schedule_and_the_racks(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    asked = []
+
+    def job_topology(spec):
+        asked.append(spec)
+        return Topology.from_racks(spec)
+
+    config, sensed = SyncConfig(num_groups=2, topology="auto").resolve(_no_sensing, job_topology)
+    assert (config.schedule, config.topology, sensed, asked) == ("shuffle", None, None, [])
+
+    def sense(*arguments):
+        return [[0, 1], [2, 3]], "sensed"
+
+    config, sensed = SyncConfig().resolve(sense, job_topology)
+    assert (config.schedule, sensed, asked) == ("topology", "sensed", [[[0, 1], [2, 3]]])
+    assert config.plan_data()["topology"]["racks"] == [[0, 1], [2, 3]]
+    assert SyncPlan.from_config(0, 4, config).schedule.config()["name"] == "topology"
+
+
+def test_resolve_refuses_the_racks_inside_a_process_set(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(ValueError, match="``process_set``"):
+        SyncConfig(schedule="topology").resolve(_no_sensing, Topology.from_racks, in_process_set=True)
+    monkeypatch.setenv(ENV_VAR, "[[0, 1], [2, 3]]")  # the racks of the environment make the default topology-aware
+    with pytest.raises(ValueError, match="``process_set``"):
+        SyncConfig().resolve(_no_sensing, Topology.from_racks, in_process_set=True)
+    config, _ = SyncConfig(group_size=2, schedule="shuffle").resolve(_no_sensing, Topology.from_racks, True)
+    assert config.schedule == "shuffle"
+
+
+def test_plan_data_is_the_plans_arguments_as_data():
+    config = SyncConfig(schedule="shuffle", group_size=2, seed=4, policy="adaptive", overlap=True)
+    data = config.plan_data()
+    assert json.loads(json.dumps(data)) == data
+    assert set(data) == set(config.plan_arguments())
+    assert data["adaptive"] == config.adaptive().config() and "overlap" not in data

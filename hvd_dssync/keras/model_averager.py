@@ -2,7 +2,9 @@
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..config import SyncConfig
 from ..process_sets import elastic_job
+from .functions import default_topology, job_topology
 from .sync import StepSync, make_plan
 
 __all__ = ["ModelAverager"]
@@ -39,10 +41,11 @@ class ModelAverager(tf.Module):
                  compression=hvd.Compression.none,
                  name="DSSyncAverager"):
         super().__init__(name=name)
-        arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                         average_every=average_every, schedule_options=schedule_options)
-        self._sync = StepSync(make_plan(**arguments), compression=compression, name=name, arguments=arguments)
+        config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                            topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                            average_every=average_every, schedule_options=schedule_options)
+        config, _ = config.resolve(default_topology, job_topology)
+        self._sync = StepSync(make_plan(config), compression=compression, name=name, config=config)
         self._options = {"compression": type(compression).__name__}
         if not elastic_job():  # under elastic Horovod, at the first trace instead (see the module's docstring)
             self._sync.connect("hvd_dssync.keras.ModelAverager", options=self._options)

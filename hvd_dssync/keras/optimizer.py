@@ -18,12 +18,12 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..adaptive import AdaptivePolicy
+from ..config import SyncConfig
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
 from . import sync as _sync
-from .functions import default_topology
+from .functions import default_topology, job_topology
 from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan
@@ -149,12 +149,14 @@ class _LocalSteps:
 class _DSSyncOptimizer(_LocalSteps):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer` on the process set's ranks."""
 
-    def _dssync_setup(self, sync, model, average_non_trainable, options, sparse_average):
+    def _dssync_setup(self, sync, model, options):
+        """``sync`` holds DS-Sync's configuration (``sync.config``); ``options`` are the other arguments the
+        ranks must agree on, by name."""
         self._dssync = sync
-        self._dssync_sparse_average = sparse_average
+        self._dssync_sparse_average = sync.config.sparse_average
         # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
         self._dssync_model = None if model is None else weakref.ref(model)
-        self._dssync_average_non_trainable = average_non_trainable
+        self._dssync_average_non_trainable = sync.config.average_buffers
         shapes = None
         if model is not None and model.built:
             shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
@@ -433,23 +435,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     in_process_set = scope.world_size != hvd.size()
-    adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
+    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
+    config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                        topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                        average_every=average_every, schedule_options=schedule_options, policy=policy,
+                        average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average))
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
-    topology, sensed = default_topology(schedule, num_groups, group_size, topology, schedule_options,
-                                        not in_process_set)
-    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-                     topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                     average_every=average_every,
-                     schedule_options=schedule_options)
-    if adaptive is not None:
-        arguments["adaptive"] = adaptive.config()
+    config, sensed = config.resolve(default_topology, job_topology, in_process_set)
     op_name = name or f"DSSync{type(optimizer).__name__}"
     if scope.outside:
         # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first
         # position, the same errors), its groups only checked, and nothing sent.
-        plan = make_plan(**arguments, scope=scope._replace(rank=0))
+        plan = make_plan(config, scope=scope._replace(rank=0))
         acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras", take=False)
         # The set's ranks number their DS-Sync objects for op names; a later optimizer's names must match.
         next(_sync._instances)
@@ -458,9 +457,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                     average_aggregated_gradients, scale_local_gradients)
         wrapped._dssync_outside_setup(sparse_as_dense)
         return wrapped
-    sync = StepSync(make_plan(**arguments, scope=scope if in_process_set else None), compression=compression, op=op,
+    sync = StepSync(make_plan(config, scope=scope if in_process_set else None), compression=compression, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-                    device_dense=device_dense, name=op_name, arguments=arguments,
+                    device_dense=device_dense, name=op_name, config=config,
                     scope=scope if in_process_set else None,
                     process_set=process_set if in_process_set else hvd.global_process_set)
     sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
@@ -468,12 +467,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
     wrapped._dssync_local_setup(process_set, None, backward_passes_per_step, average_aggregated_gradients,
                                 scale_local_gradients)
-    wrapped._dssync_setup(sync, model, average_non_trainable,
+    wrapped._dssync_setup(sync, model,
                           {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
-                           "sparse_as_dense": sparse_as_dense, "average_non_trainable": average_non_trainable,
+                           "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,
                            "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
                            "average_aggregated_gradients": average_aggregated_gradients,
-                           "sparse_average": bool(sparse_average),
-                           "scale_local_gradients": bool(scale_local_gradients)},
-                          bool(sparse_average))
+                           "sparse_average": config.sparse_average,
+                           "scale_local_gradients": bool(scale_local_gradients)})
     return wrapped

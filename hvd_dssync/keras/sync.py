@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, LOCAL, agreement_fields, agreement_payload, arguments_for_world, check_agreement
+from ..plan import BSP, GLOBAL, LOCAL, agreement_fields, agreement_payload, check_agreement
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
@@ -51,11 +51,13 @@ class StepSync:
     averages gradients over all ranks in bulk-synchronous steps; :meth:`average` averages variables inside
     the step's group (or over all ranks).
 
-    ``arguments`` are :func:`make_plan`'s keyword arguments, kept to rebuild the plan for a new world.
+    ``config`` is the :class:`hvd_dssync.config.SyncConfig` the plan was built from (:func:`make_plan`), kept
+    to rebuild the plan for a new world.
 
     Example::
 
-        sync = StepSync(make_plan(num_groups=2, seed=0), name="DSSyncSGD", arguments={"num_groups": 2, "seed": 0})
+        config, _ = SyncConfig(num_groups=2, seed=0).resolve(default_topology, job_topology)
+        sync = StepSync(make_plan(config), name="DSSyncSGD", config=config)
         sync.connect("my step")                          # every rank, in the same order
         grads = sync.gradients(grads, step)              # inside the traced step
         sync.average(variables, step)
@@ -66,7 +68,7 @@ class StepSync:
     KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH = 0, 1, 2
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
-                 sparse_as_dense=False, device_dense="", name="DSSync", arguments=None, scope=None,
+                 sparse_as_dense=False, device_dense="", name="DSSync", config=None, scope=None,
                  process_set=hvd.global_process_set):
         self.compression = compression
         # Inside a process set: the set's ranks, by position (see hvd_dssync.scope); else the whole job.
@@ -77,7 +79,7 @@ class StepSync:
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.device_dense = device_dense
-        self.arguments = arguments
+        self.config = config
         self._registry = registry_for(hvd)
         self.guard = StepGuard(self)
         self.adaptive = AdaptiveStep(self)
@@ -162,17 +164,18 @@ class StepSync:
             self.connect(what, parameters, options)
 
     def rebuild(self):
-        """The plan of the current Horovod world, from the same arguments; keeps the op names. No communication.
+        """The plan of the current Horovod world, from the same configuration; keeps the op names. No communication.
 
-        ``num_groups``/``group_size`` are capped at the new world size (:func:`arguments_for_world`); a
-        schedule object or a topology raises a ``RuntimeError``. The next :meth:`ensure_connected` connects.
+        ``num_groups``/``group_size`` are capped at the new world size
+        (:meth:`hvd_dssync.config.SyncConfig.for_world`); a schedule object or a topology raises a
+        ``RuntimeError``. The next :meth:`ensure_connected` connects.
         """
         if self.plan.world_size == hvd.size() and self.plan.rank == hvd.rank() and self._generation is None:
             return
-        if self.arguments is None:
+        if self.config is None:
             raise RuntimeError("hvd_dssync: the Horovod world changed, and this DS-Sync object was built without "
                                "its arguments, so it cannot rebuild its schedule.")
-        self._use(make_plan(**arguments_for_world(self.arguments, hvd.size())))
+        self._use(make_plan(self.config.for_world(hvd.size())))
         self._generation = None
         self.averaging.forget_reference()
         self.sparse.restart()  # the next runs check again whether the tables are equal

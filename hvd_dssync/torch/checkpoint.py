@@ -1,10 +1,11 @@
 """DS-Sync's part of the PyTorch optimizer's checkpoint: ``state_dict()["dssync"]``.
 
-It carries the step (so that a resumed job continues the schedule where it stopped), the configuration and
-arguments it was built with (checked on loading), the adaptive policy's state, the sparse rows in play and
-the outer momentum.
+It carries the step (so that a resumed job continues the schedule where it stopped), the plan's configuration
+and the arguments it was built with (its :class:`hvd_dssync.config.SyncConfig`'s
+:meth:`~hvd_dssync.config.SyncConfig.plan_data`, checked on loading), the adaptive policy's state, the
+sparse rows in play and the outer momentum.
 """
-__all__ = ["dssync_state", "load_dssync_state", "portable_arguments"]
+__all__ = ["dssync_state", "load_dssync_state"]
 
 
 def dssync_state(optimizer):
@@ -17,7 +18,7 @@ def dssync_state(optimizer):
     """
     plan = optimizer._plan
     state = {"sync_step": optimizer.sync_step, "config": plan.config(),
-             "arguments": portable_arguments(optimizer._plan_arguments)}
+             "arguments": optimizer._config.plan_data()}
     if plan.adaptive is not None:
         state["adaptive"] = plan.adaptive.state()
     if optimizer._sparse.enabled:
@@ -47,7 +48,7 @@ def load_dssync_state(optimizer, saved):
     if same_world and saved["config"] != plan.config():
         raise ValueError(f"the checkpoint's DS-Sync configuration {saved['config']} differs from "
                          f"this optimizer's {plan.config()}; resume with the same arguments.")
-    mine = portable_arguments(optimizer._plan_arguments)
+    mine = optimizer._config.plan_data()
     if not same_world and saved.get("arguments") != mine:
         raise ValueError(f"the checkpoint's DS-Sync arguments {saved.get('arguments')} differ from "
                          f"this optimizer's {mine}; resume with the same arguments.")
@@ -59,16 +60,3 @@ def load_dssync_state(optimizer, saved):
     # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.
     optimizer._sparse.load(saved.get("sparse_rows", {}))
 
-
-def portable_arguments(arguments):
-    """The plan's arguments as plain data, for checkpoints (a schedule object by its configuration).
-
-    Example::
-
-        portable_arguments({"schedule": "shuffle", "topology": None, "seed": 0})
-    """
-    out = dict(arguments)
-    schedule, topology = out["schedule"], out["topology"]
-    out["schedule"] = schedule if isinstance(schedule, str) else getattr(schedule, "config", lambda: repr(schedule))()
-    out["topology"] = None if topology is None else getattr(topology, "to_dict", lambda: repr(topology))()
-    return out

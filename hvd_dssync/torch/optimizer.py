@@ -25,11 +25,10 @@ import horovod.torch as hvd
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..adaptive import AdaptivePolicy
+from ..config import SyncConfig
 from ..guards import check_nccl_process_sets
 from ..join import JoinState
-from ..plan import (BSP, SyncPlan, agreement_fields, agreement_payload, arguments_for_world, check_agreement,
-                    check_horovod_arguments, resolve_schedule)
+from ..plan import BSP, SyncPlan, agreement_fields, agreement_payload, check_agreement, check_horovod_arguments
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
 from . import collectives
@@ -83,8 +82,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, plan, plan_arguments, model,
-                 average_buffers, overlap, scope, outer_momentum=0.0, sparse_average=True):
+                 gradient_predivide_factor, sparse_as_dense, process_set, config, plan, model, scope):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -97,7 +95,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._synchronized = False
         self._should_synchronize = True
-        self._plan_arguments = plan_arguments
+        self._config = config  # DS-Sync's arguments (hvd_dssync.config.SyncConfig), as built: a new world's plan
         self._plan = plan
         self._constructed = next_construction()
         self._name = op_prefix(process_set.process_set_id)
@@ -111,9 +109,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         # optimizers a training iteration steps, and in what order (join()).
         self._step_tick = self._previous_tick = None
         self._joins = JoinState(scope.world_size)  # ranks known to have run out of data (hvd_dssync.join)
-        self._averaging = Averaging(self, model, average_buffers, overlap, compression, outer_momentum)
+        self._averaging = Averaging(self, model, config.average_buffers, config.overlap, compression,
+                                    float(config.outer_momentum))
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
-        self._sparse = SparseRows(self, sparse_average and not overlap and compression is hvd.Compression.none)
+        self._sparse = SparseRows(self, config.sparse_average and not config.overlap and
+                                  compression is hvd.Compression.none)
         self._adaptive = AdaptiveStep(self)
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
@@ -294,11 +294,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._sparse.forget()
         self._generation = self._registry.refresh()
         self._world_check_pending = False
-        arguments = arguments_for_world(self._plan_arguments, hvd.size())
+        config = self._config.for_world(hvd.size())  # self._config stays as built, for later worlds
         self._scope = scope_of(hvd, hvd.global_process_set)  # elastic jobs train in the whole job
         self._joins = JoinState(self._scope.world_size)
         adaptive = self._plan.adaptive
-        self._plan = _make_plan(arguments, self._scope)
+        self._plan = SyncPlan.from_config(self._scope.rank, self._scope.world_size, config)
         if adaptive is not None:
             self._plan.adaptive.load(adaptive.state())
         self.sync_step = self._check_ranks_agree(with_step=True)
@@ -319,8 +319,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         With ``with_step``, the step is gathered along and rank 0's is returned.
         """
         shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaging.tensors()]
-        options = {"overlap": self._averaging.overlap, "backward_passes_per_step": self.backward_passes_per_step,
-                   "op": str(self.op), "op names": self._name, "outer_momentum": self._averaging.outer_momentum}
+        options = {"overlap": self._config.overlap, "backward_passes_per_step": self.backward_passes_per_step,
+                   "op": str(self.op), "op names": self._name, "outer_momentum": float(self._config.outer_momentum)}
         mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
         gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self.process_set)
         ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
@@ -335,13 +335,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
 
-def _make_plan(arguments, scope=None):
-    """The plan of this rank: in the whole job, or at its position in ``scope`` (a process set)."""
-    if scope is None:
-        return SyncPlan(hvd.rank(), hvd.size(), **arguments)
-    return SyncPlan(scope.rank, scope.world_size, **arguments)
-
-
 def _called_by_horovod_to_create_state():
     # Our step() is reached through torch's profiling wrapper, so look a few frames up.
     frame = sys._getframe(2)
@@ -352,13 +345,6 @@ def _called_by_horovod_to_create_state():
             return True
         frame = frame.f_back
     return False
-
-
-def _refuse_topology_in_process_set(in_process_set, schedule, topology):
-    if in_process_set and (topology is not None or schedule == "topology"):
-        raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
-                         "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
-                         "'butterfly'.")
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
@@ -441,29 +427,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-    if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) \
-            or not 0.0 <= outer_momentum < 1.0:
-        raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {outer_momentum!r}.")
+    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
+    config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                        topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                        average_every=average_every, schedule_options=schedule_options, policy=policy,
+                        outer_momentum=outer_momentum, overlap=bool(overlap), average_buffers=bool(average_buffers),
+                        sparse_average=bool(sparse_average))
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
-    adaptive = AdaptivePolicy.resolve(policy, average_every, global_every)
-    # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
-    topology, sensed = _default_topology(schedule, num_groups, group_size, topology, schedule_options,
-                                         scope.world_size == hvd.size())
     in_process_set = scope.world_size != hvd.size()
-    _refuse_topology_in_process_set(in_process_set, schedule, topology)
-    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
-    _refuse_topology_in_process_set(in_process_set, schedule, topology)  # HVD_DSSYNC_TOPOLOGY may have made it so
-    if topology is not None or schedule == "topology":
-        topology = job_topology(topology)
-    plan_arguments = dict(schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
-                          topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                          average_every=average_every, schedule_options=schedule_options)
-    if adaptive is not None:
-        plan_arguments["adaptive"] = adaptive.config()
+    # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
-    plan = _make_plan(plan_arguments, scope._replace(rank=0) if scope.outside else scope)
+    plan = SyncPlan.from_config(0 if scope.outside else scope.rank, scope.world_size, config)
     if in_process_set and plan.schedule.window_steps is not None:
         raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
                          f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "
@@ -472,7 +449,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                             on_gpu=any(p.is_cuda for _, p in named_parameters),
                             gpu_operations=os.environ.get("HOROVOD_GPU_ALLREDUCE") or
                             os.environ.get("HOROVOD_GPU_OPERATIONS"))
-    if hvd.size() == 1 and overlap:
+    if hvd.size() == 1 and config.overlap:
         warnings.warn("overlap=True does nothing with one rank.")
     if scope.outside:
         acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
@@ -482,7 +459,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, sparse_as_dense,
-                  process_set if in_process_set else hvd.global_process_set, plan, plan_arguments, model,
-                  average_buffers, overlap, scope, float(outer_momentum), bool(sparse_average))
+                  process_set if in_process_set else hvd.global_process_set, config, plan, model, scope)
     wrapped.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
     return wrapped
