@@ -311,4 +311,22 @@ def check_agreement(gathered, what="hvd_dssync"):
     return ranks
 
 
+def check_ranks_agree(allgather, plan, parameters=None, options=None, what="hvd_dssync", step=None):
+    """The ranks' agreement check both adapters run: one allgather of every rank's :func:`agreement_fields`,
+    then :func:`check_agreement` (the same ``ValueError`` on every rank, naming what differs). A collective.
+
+    ``allgather(payload)`` allgathers this rank's uint8 vector in the adapter's framework over the
+    optimizer's ranks and returns the concatenation as a NumPy array. Returns every rank's fields (with
+    ``step``, rank 0's step is ``ranks[0]["step"]``).
+
+    Example::
+
+        >>> plan = SyncPlan(0, 1, num_groups=1)
+        >>> check_ranks_agree(lambda payload: payload, plan, step=3)[0]["step"]
+        3
+    """
+    mine = agreement_payload(agreement_fields(plan, parameters, options, step=step))
+    return check_agreement(allgather(mine), what=what)
+
+
 __all__ += ["first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]

@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, LOCAL, agreement_fields, agreement_payload, check_agreement
+from ..plan import BSP, GLOBAL, LOCAL, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
@@ -139,10 +139,13 @@ class StepSync:
 
         Every rank raises the same ``ValueError`` on a mismatch, before any process set is added.
         """
-        mine = agreement_payload(agreement_fields(self.plan, parameters, options))
         generation = self._registry.refresh()
-        gathered = hvd.allgather(tf.constant(mine), name=f"{self.name}_agreement", process_set=self.process_set)
-        check_agreement(gathered.numpy(), what=what)
+
+        def allgather(payload):
+            return hvd.allgather(tf.constant(payload), name=f"{self.name}_agreement",
+                                 process_set=self.process_set).numpy()
+
+        check_ranks_agree(allgather, self.plan, parameters, options, what)
         if self.plan.world_size > 1 and not self._in_process_set():
             acquire, _ = self.plan.window_change(0)
             self._registry.acquire(acquire)

@@ -28,7 +28,7 @@ from horovod.torch import functions as hvd_functions
 from ..config import SyncConfig
 from ..guards import check_nccl_process_sets
 from ..join import JoinState
-from ..plan import BSP, SyncPlan, agreement_fields, agreement_payload, check_agreement, check_horovod_arguments
+from ..plan import BSP, SyncPlan, check_horovod_arguments, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
 from . import collectives
@@ -321,9 +321,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         shapes = [(name, tuple(t.shape), str(t.dtype)) for name, t in self._averaging.tensors()]
         options = {"overlap": self._config.overlap, "backward_passes_per_step": self.backward_passes_per_step,
                    "op": str(self.op), "op names": self._name, "outer_momentum": float(self._config.outer_momentum)}
-        mine = agreement_payload(agreement_fields(self._plan, shapes, options, step=self.sync_step))
-        gathered = hvd.allgather(torch.from_numpy(mine), name="dssync.agreement", process_set=self.process_set)
-        ranks = check_agreement(gathered.numpy(), what="hvd_dssync.torch.DistributedOptimizer")
+
+        def allgather(payload):
+            return hvd.allgather(torch.from_numpy(payload), name="dssync.agreement",
+                                 process_set=self.process_set).numpy()
+
+        ranks = check_ranks_agree(allgather, self._plan, shapes, options, "hvd_dssync.torch.DistributedOptimizer",
+                                  step=self.sync_step)
         return ranks[0]["step"] if with_step else self.sync_step
 
     def _local_update(self, closure, grad_scale, found_inf):
