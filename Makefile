@@ -15,7 +15,7 @@ test: setup
 	$(PY) -m pytest tests
 
 test-gloo-stalls: setup
-	HVD_DSSYNC_RUN_GLOO_STALLS=1 $(PY) -m pytest tests/test_torch.py -k "semantics and gloo-np3 or rotating_bridges and gloo"
+	HVD_DSSYNC_RUN_GLOO_STALLS=1 $(PY) -m pytest tests/test_torch.py -k "semantics and (gloo-np3 or gloo-np4) or rotating_bridges and gloo"
 
 test-core: setup
 	$(PY) -m pytest tests -m "not multirank"

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.multirank
 
 
 @pytest.mark.parametrize("launcher,np", [pytest.param(*p.values, id=p.id, marks=GLOO_STALL)
-                                         if p.id == "gloo-np3" else p for p in matrix()])
+                                         if p.id in ("gloo-np3", "gloo-np4") else p for p in matrix()])
 def test_semantics(launcher, np):
     """Group means step by step, schedule agreement, sync, drop-in arguments, policies, unnamed ops."""
     output = run(launcher, np, "torch_semantics.py", timeout=300)
