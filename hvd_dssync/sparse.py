@@ -19,7 +19,8 @@ The result is the dense average exactly, up to the collective's own arithmetic. 
 proportional to the rows in play. When a union passes :data:`DENSE_FRACTION` of its table, the whole table
 is averaged instead: moving the ids and gathering the rows then costs about as much as the table.
 
-Framework-free: the PyTorch adapter gathers the ids and moves the rows; the rules are here.
+Framework-free: each adapter gathers the ids and moves the rows; the rules are here, an average's
+bookkeeping included (:meth:`RowSets.unite`, :meth:`RowSets.to_average`, :meth:`RowSets.averaged`).
 """
 import numpy as np
 
@@ -72,6 +73,62 @@ class RowSets:
         mask = self._masks[name]
         mask[:] = False
         mask[union] = True
+
+    def unite(self, gathered, stand_in=False):
+        """The group's union of every table, ``{name: sorted rows}``, from its members' :func:`pack_rows`
+        gathered (the same on every member; see :func:`unpack_unions`).
+
+        An empty union (every member holds the table equal) stays empty, and the table has nothing to send;
+        with ``stand_in``, it becomes row 0 instead, for an average that needs at least one row of each table
+        (a row equal on every member averages to itself, and a larger set is always safe).
+
+        Example::
+
+            >>> sets = RowSets({"a": 3, "b": 4})
+            >>> gathered = np.array([-1, 2, -1])
+            >>> {name: rows.tolist() for name, rows in sets.unite(gathered).items()}
+            {'a': [2], 'b': []}
+            >>> sets.unite(gathered, stand_in=True)["b"].tolist()
+            [0]
+        """
+        unions = unpack_unions(gathered, self.tables)
+        if stand_in:
+            unions = {name: union if len(union) else np.zeros(1, np.int64) for name, union in unions.items()}
+        return unions
+
+    def to_average(self, unions, fraction=DENSE_FRACTION):
+        """What an average moves of each table, given the group's ``unions`` (:meth:`unite`): ``{name: rows}``,
+        the union's rows, or None where the whole table is cheaper (:func:`average_densely`).
+
+        Example::
+
+            >>> sets = RowSets({"a": 10, "b": 4})
+            >>> sets.to_average({"a": np.array([1, 7]), "b": np.array([0, 1, 3])})["b"] is None
+            True
+        """
+        return {name: None if average_densely(len(union), self.tables[name], fraction) else union
+                for name, union in unions.items()}
+
+    def averaged(self, unions, is_global):
+        """After an average over the group's ``unions`` (:meth:`unite`): a group's member adopts them
+        (:meth:`adopt`); a global average, exact over every rank, leaves every row equal and empties the sets.
+
+        Example::
+
+            >>> sets = RowSets({"a": 5})
+            >>> sets.touch("a", [1])
+            >>> sets.averaged({"a": np.array([1, 3])}, is_global=False)
+            >>> sets.rows("a").tolist()
+            [1, 3]
+            >>> sets.averaged({"a": np.array([1, 3])}, is_global=True)
+            >>> sets.total()
+            0
+        """
+        if is_global:
+            self.clear()
+            return
+        for name, union in unions.items():
+            self.adopt(name, union)
 
     def clear(self):
         """After an exact global average: every row is equal on every rank."""

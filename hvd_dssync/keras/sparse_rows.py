@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..plan import ring_allreduce_bytes
-from ..sparse import RowSets, allgather_bytes, average_densely, id_dtype, pack_rows, unpack_unions
+from ..sparse import RowSets, allgather_bytes, id_dtype, pack_rows
 
 __all__ = ["SparseRows", "changes_other_rows"]
 
@@ -139,17 +139,12 @@ class SparseRows:
         ids = id_dtype(self.row_sets.tables)
 
         def unite(gathered, size, is_global):
-            unions = unpack_unions(gathered, self.row_sets.tables)
-            out = []
-            for name, rows in self.row_sets.tables.items():
-                union = unions[name]
-                if len(union) == 0:
-                    union = np.zeros(1, np.int64)  # one row all the same: a collective of fixed arity
-                if not is_global:
-                    self.row_sets.adopt(name, union)
-                out.append(np.arange(rows, dtype=np.int64) if average_densely(len(union), rows) else union)
-            if is_global:
-                self.row_sets.clear()
+            # An empty union stands in as row 0, one row all the same: the graph's collective has a fixed arity.
+            unions = self.row_sets.unite(gathered, stand_in=True)
+            chosen = self.row_sets.to_average(unions)
+            self.row_sets.averaged(unions, is_global)
+            out = [np.arange(rows, dtype=np.int64) if chosen[name] is None else chosen[name]
+                   for name, rows in self.row_sets.tables.items()]
             moved = dense_bytes + sum(len(index) * b for index, b in zip(out, row_bytes))
             self.sparse_bytes += ring_allreduce_bytes(int(size), moved) + allgather_bytes(int(size), gathered.nbytes)
             return out

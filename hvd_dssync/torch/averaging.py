@@ -129,10 +129,10 @@ class Averaging:
             return
         named = [(n, t.data) for n, t in self.tensors()]
         name = f"{owner._name}.{action.kind}.{process_set.process_set_id}"
-        writes, gathered_bytes = [], 0
+        writes, gathered_bytes, unions = [], 0, None
         if sparse.row_sets is not None:
             with guard.bounded(action, step):
-                named, writes, gathered_bytes = sparse.rows_to_average(named, action, process_set, name)
+                named, writes, gathered_bytes, unions = sparse.rows_to_average(named, action, process_set, name)
         tensors = [t for _, t in named]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
@@ -159,8 +159,8 @@ class Averaging:
         with torch.no_grad():
             for table, index, rows in writes:
                 table.index_copy_(0, index, rows)
-        if sparse.row_sets is not None and action.kind == GLOBAL:
-            sparse.row_sets.clear()
+        if unions is not None:
+            sparse.averaged(unions, action)
         self._outer_step()
         owner._record(action, time.perf_counter() - started, sent_bytes,
                       sparse_rows=sum(len(index) for _, index, _ in writes))

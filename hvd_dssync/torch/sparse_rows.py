@@ -9,7 +9,8 @@ import warnings
 import horovod.torch as hvd
 import torch
 
-from ..sparse import RowSets, allgather_bytes, average_densely, pack_rows, unpack_unions
+from ..plan import GLOBAL
+from ..sparse import RowSets, allgather_bytes, pack_rows
 from . import collectives
 
 __all__ = ["SparseRows"]
@@ -26,7 +27,8 @@ class SparseRows:
         sparse = SparseRows(optimizer, enabled=True)
         sparse.agree()                  # once, at the first averaging step (a collective)
         sparse.note_changed()           # after each local update
-        named, writes, nbytes = sparse.rows_to_average(named, action, process_set, name)
+        named, writes, nbytes, unions = sparse.rows_to_average(named, action, process_set, name)
+        sparse.averaged(unions, action)  # after the average, its rows written back
     """
 
     def __init__(self, owner, enabled):
@@ -100,25 +102,29 @@ class SparseRows:
     def rows_to_average(self, named, action, process_set, name):
         """Gather the group's row sets; put in place of each sparse table the rows of the union (or the whole
         table where that is cheaper). Returns the tensors to average, the ``(table, index, rows)`` to write back
-        after the average, and the bytes the gathering sent. Every member adopts the union."""
+        after the average, the bytes the gathering sent, and the unions, for :meth:`averaged`."""
         mine = torch.from_numpy(pack_rows(self.row_sets))
         gathered = collectives.allgather(mine, name=f"{name}.rows", process_set=process_set)
         gathered_bytes = allgather_bytes(len(action.group), gathered.numel() * gathered.element_size())
-        unions = unpack_unions(gathered.numpy(), self.row_sets.tables)
+        unions = self.row_sets.unite(gathered.numpy())
+        moved = self.row_sets.to_average(unions)
         out, writes = [], []
         for tensor_name, tensor in named:
-            union = unions.get(tensor_name)
-            if union is None or average_densely(len(union), tensor.shape[0]):
+            rows = moved.get(tensor_name)
+            if rows is None:  # not a table, or the whole table is cheaper
                 out.append((tensor_name, tensor))
-            elif len(union):
-                index = torch.from_numpy(union)
-                rows = tensor.index_select(0, index)
-                out.append((tensor_name, rows))
-                writes.append((tensor, index, rows))
+            elif len(rows):
+                index = torch.from_numpy(rows)
+                selected = tensor.index_select(0, index)
+                out.append((tensor_name, selected))
+                writes.append((tensor, index, selected))
             # an empty union: the table is equal on every member, nothing to send
-        for table, union in unions.items():
-            self.row_sets.adopt(table, union)
-        return out, writes, gathered_bytes
+        return out, writes, gathered_bytes, unions
+
+    def averaged(self, unions, action):
+        """After ``action``'s average over ``unions`` (:meth:`rows_to_average`), its rows written back: every
+        member adopts the unions, a global average empties the sets (:meth:`hvd_dssync.sparse.RowSets.averaged`)."""
+        self.row_sets.averaged(unions, action.kind == GLOBAL)
 
     def state(self):
         """For the checkpoint: None while there are no sets (every rank's model is the same), else this rank's
