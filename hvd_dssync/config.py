@@ -334,6 +334,38 @@ class SyncConfig:
         return build_schedule(world_size, self.schedule, self.num_groups, self.group_size, self.seed,
                               self.topology, self.schedule_options)
 
+    def schedule_arguments(self):
+        """The schedule's own arguments (``num_groups``, ``group_size``, ``seed``, ``schedule``,
+        ``schedule_options``): what :func:`hvd_dssync.scope.process_set_groups` takes.
+
+        Example::
+
+            >>> SyncConfig(group_size=2, seed=1).schedule_arguments()["group_size"]
+            2
+        """
+        return {key: getattr(self, key) for key in ("num_groups", "group_size", "seed", "schedule", "schedule_options")}
+
+    def startup_schedule(self, world_size):
+        """The schedule of these arguments for ``world_size`` ranks where it is known before Horovod starts
+        (what ``hvd_dssync.torch.init`` registers then), else ``None``: the world size is unknown (``None``
+        or 0), the racks are to be sensed (``topology="auto"``), or the topology-aware schedule has racks
+        given otherwise than as ranks (host names in JSON or a file, ``HVD_DSSYNC_TOPOLOGY``, or none: one
+        rack a host), which only the job can resolve. No communication.
+
+        Example::
+
+            >>> SyncConfig(schedule="butterfly").startup_schedule(4).every_group()
+            ((0, 1), (0, 2), (1, 3), (2, 3))
+            >>> SyncConfig(topology="auto").startup_schedule(4) is None, SyncConfig().startup_schedule(None)
+            (True, None)
+        """
+        if not world_size or _is_auto(self.topology):
+            return None
+        schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, self.topology)[0]
+        if schedule == "topology" and not isinstance(self.topology, (list, Topology)):
+            return None
+        return self.schedule_for(world_size)
+
     def for_world(self, world_size):
         """These arguments (resolved, :meth:`resolve`) for a world of ``world_size`` ranks after an elastic
         change (:func:`arguments_for_world`: sizes capped; a schedule object or a topology refused). The

@@ -7,7 +7,7 @@ import horovod.torch as hvd
 import torch
 
 from .. import sensing
-from ..plan import SyncPlan, resolve_schedule
+from ..config import SyncConfig
 from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
 from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
@@ -167,8 +167,10 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     ranks, whose bridges rotate: every group of the rotation is registered, while no rank is in more than
     ``STATIC_SETS_PER_RANK`` of them, since each set negotiates on every cycle); Horovod then runs without
     dynamic process sets (unless ``HOROVOD_DYNAMIC_PROCESS_SETS`` was set by the user), so no other process
-    set can be added later. Other schedules with finite windows get dynamic process sets. Pass the same
-    schedule arguments to :func:`DistributedOptimizer` afterwards.
+    set can be added later. Other schedules with finite windows get dynamic process sets, as does
+    ``topology="auto"`` (the optimizer may then sense the racks). Pass the same schedule arguments to
+    :func:`DistributedOptimizer` afterwards: they are checked as it checks them
+    (:class:`hvd_dssync.config.SyncConfig`), with its errors, before Horovod starts.
 
     With ``process_sets`` (Horovod ``ProcessSet`` objects, as for ``hvd.init``), DS-Sync will train inside
     each of them (``DistributedOptimizer(..., process_set=ps)``): those sets and each one's groups are
@@ -181,22 +183,13 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
         dss.init(schedule="butterfly")
         opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="butterfly")
     """
+    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                     schedule_options=schedule_options)
     if process_sets is not None:
-        _init_with_process_sets(comm, list(process_sets), dict(num_groups=num_groups, group_size=group_size,
-                                seed=seed, schedule=schedule, schedule_options=schedule_options))
+        _init_with_process_sets(comm, list(process_sets), arguments)
         return
     size = world_size or _launcher_world_size(comm)
-    static = None
-    schedule, num_groups, group_size = resolve_schedule(schedule, num_groups, group_size, topology)
-    if size and (schedule != "topology" or isinstance(topology, (list, Topology))):
-        spec = Topology.parse(topology) if topology is not None else None
-        plan = SyncPlan(0, size, schedule=schedule, num_groups=num_groups, group_size=group_size, seed=seed,
-                        topology=spec, schedule_options=schedule_options)
-        groups = plan.schedule.every_group()
-        if groups is not None:
-            groups = [g for g in groups if len(g) < size]
-            if max((sum(r in g for g in groups) for r in range(size)), default=0) <= STATIC_SETS_PER_RANK:
-                static = groups
+    static = _static_groups(SyncConfig(topology=topology, **arguments).startup_schedule(size), size)
     if static is None:
         enable_dynamic_process_sets()
         hvd.init(comm=comm)
@@ -206,14 +199,28 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     registry_for(hvd).reset()
 
 
+def _static_groups(schedule, size):
+    """The groups of ``schedule`` (None: not known before Horovod starts) to register as static process sets,
+    or None for dynamic ones: its windows never repeat, or a rank would be in more than
+    ``STATIC_SETS_PER_RANK`` of them. The group of every rank is the global set itself."""
+    groups = None if schedule is None else schedule.every_group()
+    if groups is None:
+        return None
+    groups = [g for g in groups if len(g) < size]
+    if max((sum(r in g for g in groups) for r in range(size)), default=0) > STATIC_SETS_PER_RANK:
+        return None
+    return groups
+
+
 def _init_with_process_sets(comm, process_sets, schedule_arguments):
     """``hvd.init`` with the user's sets and, statically, the groups DS-Sync needs inside each."""
     if any(not isinstance(ps, hvd.ProcessSet) or ps.ranks is None for ps in process_sets):
         raise ValueError("Arg ``process_sets`` must be a list of hvd.ProcessSet objects made from lists of ranks.")
+    arguments = SyncConfig(**schedule_arguments).schedule_arguments()
     taken = {tuple(ps.ranks) for ps in process_sets}
     groups = []
     for ps in process_sets:
-        groups += [g for g in process_set_groups(ps.ranks, **schedule_arguments) if g not in taken]
+        groups += [g for g in process_set_groups(ps.ranks, **arguments) if g not in taken]
         taken.update(groups)
     hvd.init(comm=comm, process_sets=process_sets + [hvd.ProcessSet(list(g)) for g in groups])
     registry_for(hvd).reset()
