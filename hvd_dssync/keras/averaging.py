@@ -8,6 +8,8 @@ compression.
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..differences import compress_difference, mix_difference
+
 __all__ = ["Averaging"]
 
 
@@ -162,13 +164,12 @@ class Averaging:
         return self._references[key]
 
     def _average_differences(self, variables, values, bits, branch, step):
-        """Lossy compression: the group's models averaged through compressed differences from a shared reference.
+        """Lossy compression: the group's models averaged through compressed differences from a shared reference
+        (:mod:`hvd_dssync.differences`: what each rank sends and keeps, and when the reference moves).
 
-        As the PyTorch adapter's (:mod:`hvd_dssync.torch.averaging`): rank ``j`` sends ``C(x_j - r)`` and keeps
-        ``r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``, so the group's mean is kept and an update below
-        the compression's resolution is carried, not rounded away. ``r`` is set by an exact average over the
-        scope at the first step after the warm-up (the same step on every rank, whatever its group) and
-        moved by global averages only. The step ``bits`` ride along uncompressed; their means come last.
+        ``r`` is set by an exact average over the scope at the first step after the warm-up (the same step on
+        every rank, whatever its group) and moved by global averages only. The step ``bits`` ride along
+        uncompressed; their means come last.
         """
         owner = self._owner
         references = [self._reference_of(v) for v in variables]
@@ -184,18 +185,17 @@ class Averaging:
 
         def through(process_set, kind, moves_reference):
             def mix():
-                differences = [v - r for v, r in zip(values, references)]
-                compressed, contexts = zip(*(compression.compress(d) for d in differences))
+                sent = [compress_difference(v, r, compression) for v, r in zip(values, references)]
+                compressed = [c for _, c, _ in sent]
                 # TF's grouped allreduce takes one dtype; 0 and 1 and their means are exact enough in any float.
-                *averaged, means = hvd.grouped_allreduce(list(compressed) + [tf.cast(bits, compressed[0].dtype)],
+                *averaged, means = hvd.grouped_allreduce(compressed + [tf.cast(bits, compressed[0].dtype)],
                                                          op=hvd.Average,
                                                          process_set=process_set, device_dense=owner.device_dense,
                                                          ignore_name_scope=True,
                                                          name=f"{owner.name}_{kind}_{process_set.process_set_id}")
                 means = tf.cast(means, bits.dtype)
-                received = [compression.decompress(a, ctx) for a, ctx in zip(averaged, contexts)]
-                mixed = [r + a + (d - compression.decompress(c, ctx))
-                         for r, a, d, c, ctx in zip(references, received, differences, compressed, contexts)]
+                kept = [mix_difference(r, a, *rest, compression) for r, a, rest in zip(references, averaged, sent)]
+                mixed, received = [m for m, _ in kept], [a for _, a in kept]
                 if not moves_reference:
                     return mixed + [means]
                 with tf.control_dependencies(mixed):

@@ -10,6 +10,7 @@ import time
 import horovod.torch as hvd
 import torch
 
+from ..differences import compress_difference, mix_difference
 from ..plan import GLOBAL, LOCAL, ring_allreduce_bytes
 from . import collectives
 
@@ -216,26 +217,23 @@ class Averaging:
         owner._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(size, nbytes))
 
     def _average_differences(self, tensors, action, process_set, name, signature):
-        """Average the group's models through their compressed differences from the shared reference.
+        """Average the group's models through their compressed differences from the shared reference
+        (:mod:`hvd_dssync.differences`: what each rank sends and keeps, and when the reference moves).
 
-        Rank ``j`` sends ``C(x_j - r)`` and keeps ``x_j <- r + mean_k C(x_k - r) + (x_j - r - C(x_j - r))``:
-        the group's mean is kept exactly (up to the collective's own arithmetic on the compressed
-        differences), and each rank stays within its own compression error of it, so an update smaller
-        than the compression's resolution is carried, never rounded away. ``r`` must be the same on every
-        member: set by an exact average over the scope, moved by global averages only. The step signature
-        rides along uncompressed. Returns the bytes sent and the averaged signature.
+        The reference must be the same on every member: set by an exact average over the scope
+        (:meth:`_establish_reference`), moved by global averages only. The step signature rides along
+        uncompressed. Returns the bytes sent and the averaged signature.
         """
         compression = self.compression
-        differences = [t - r for t, r in zip(tensors, self._reference)]
-        compressed, contexts = zip(*(compression.compress(d) for d in differences))
-        *averaged, signature = collectives.grouped_allreduce(list(compressed) + [signature], name=name,
+        sent = [compress_difference(t, r, compression) for t, r in zip(tensors, self._reference)]
+        *averaged, signature = collectives.grouped_allreduce([c for _, c, _ in sent] + [signature], name=name,
                                                              op=hvd.Average, process_set=process_set)
-        for t, r, d, c, a, ctx in zip(tensors, self._reference, differences, compressed, averaged, contexts):
-            received = compression.decompress(a, ctx)
-            t.copy_(r + received + (d - compression.decompress(c, ctx)))
+        for t, r, a, (d, c, ctx) in zip(tensors, self._reference, averaged, sent):
+            kept, received = mix_difference(r, a, d, c, ctx, compression)
+            t.copy_(kept)
             if action.kind == GLOBAL:
                 r.add_(received)
-        nbytes = sum(c.numel() * c.element_size() for c in compressed)
+        nbytes = sum(c.numel() * c.element_size() for _, c, _ in sent)
         return ring_allreduce_bytes(len(action.group), nbytes), signature
 
     def _outer_step(self):
