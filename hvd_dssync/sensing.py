@@ -9,7 +9,8 @@ today's default, random groups):
 2. **Hosts**: one allgather of the hostnames (:func:`hvd_dssync.topology.host_name`). Where the job spans
    several hosts that each run several ranks, each host is a rack (:func:`layout`).
 3. **Measured**: where that says nothing (a host with one rank, as on the bench: one rank per emulated
-   host), the first rank of each host sends ``SENSE_NBYTES`` to every other host's over TCP, in
+   host), the first rank of each host sends up to ``SENSE_NBYTES`` (for at most ``SENSE_CAP_SECONDS``) to
+   every other host's over TCP, in
    round-robin rounds of disjoint pairs (:class:`PairProbe`: a listener on the address Horovod's Gloo uses,
    its endpoint gathered with the host names). Plain sockets, not Horovod: no process set is registered
    (Horovod's Gloo controller is sensitive to sets added and removed while it runs), and a transfer's time
@@ -34,12 +35,14 @@ from .topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name, racks_from_r
 
 __all__ = ["AUTO", "Sensed", "layout", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
            "sense", "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS",
-           "MAX_PROBED_HOSTS", "default_topology"]
+           "SENSE_CAP_SECONDS", "MAX_PROBED_HOSTS", "default_topology"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
-SENSE_NBYTES = 524288  # bytes of each timed allreduce of the probe
-SENSE_REPEATS = 2  # timed allreduces per pair (after an unmeasured one); the fastest counts
-MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 process sets): pass the racks
+SENSE_NBYTES = 524288  # bytes of each timed transfer of the probe, at most (see SENSE_CAP_SECONDS)
+SENSE_REPEATS = 2  # timed transfers per pair (after an unmeasured exchange); the fastest counts
+SENSE_CAP_SECONDS = 0.005  # a transfer stops sending after this long: slow links cost little to tell
+SENSE_CHUNK = 16384  # bytes sent at a time (each after a 4-byte length; a zero length ends the transfer)
+MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
 
 log = logging.getLogger("hvd_dssync")
 
@@ -234,10 +237,16 @@ class PairProbe:
             self._pending[int.from_bytes(_read(conn, 4), "big")] = conn
         return self._pending.pop(partner)
 
-    def client(self, rank, endpoint, nbytes, repeats):
-        """Send ``repeats`` times ``nbytes`` to the partner at ``endpoint``; the fastest transfer's seconds
-        (until the partner acknowledged the last byte), after one unmeasured exchange that meets it."""
-        payload = bytes(nbytes)
+    def client(self, rank, endpoint, nbytes, repeats, cap_seconds=SENSE_CAP_SECONDS):
+        """Send ``repeats`` transfers of up to ``nbytes`` to the partner at ``endpoint``, after one unmeasured
+        exchange that meets it; the fastest transfer's seconds (until the partner acknowledged its last byte),
+        scaled to ``nbytes``.
+
+        A transfer stops sending once ``cap_seconds`` have passed (at least one chunk is sent): a fast link
+        carries all ``nbytes`` before that, a slow one is timed on what it carried, so a slow link costs
+        about ``cap_seconds`` (plus what the socket still holds) instead of ``nbytes`` at its own rate.
+        """
+        payload = memoryview(bytes(SENSE_CHUNK))
         with socket.create_connection(tuple(endpoint), timeout=self.timeout) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sendall(rank.to_bytes(4, "big"))
@@ -246,9 +255,15 @@ class PairProbe:
             fastest = math.inf
             for _ in range(repeats):
                 started = time.perf_counter()
-                conn.sendall(payload)
+                sent = 0
+                while sent < nbytes and (sent == 0 or time.perf_counter() - started < cap_seconds):
+                    n = min(SENSE_CHUNK, nbytes - sent)
+                    conn.sendall(n.to_bytes(4, "big"))
+                    conn.sendall(payload[:n])
+                    sent += n
+                conn.sendall((0).to_bytes(4, "big"))
                 _read(conn, 1)
-                fastest = min(fastest, time.perf_counter() - started)
+                fastest = min(fastest, (time.perf_counter() - started) * nbytes / sent)
         return fastest
 
     def server(self, partner, nbytes, repeats):
@@ -258,7 +273,11 @@ class PairProbe:
             _read(conn, 1)
             conn.sendall(b"a")
             for _ in range(repeats):
-                _read(conn, nbytes)
+                while True:
+                    n = int.from_bytes(_read(conn, 4), "big")
+                    if n == 0:
+                        break
+                    _read(conn, n)
                 conn.sendall(b"a")
 
 

@@ -81,6 +81,29 @@ def test_a_failed_transfer_leaves_a_missing_figure():
     assert np.isnan(measure(0, [0, 1], endpoints(2), Failing())).all()
 
 
+def test_a_capped_transfer_stops_early_and_is_scaled_to_the_full_size(monkeypatch):
+    """Past its time a transfer sends no more chunks, the server still reads what came, and the figure is
+    the time scaled to the full size (a slow link is timed on what it carried). A clock that ticks one
+    second per reading: one chunk of 64 goes out, 2 s pass, the figure is 2 * 64 s."""
+    import itertools
+    import threading
+
+    ticks = itertools.count()
+    monkeypatch.setattr(sensing.time, "perf_counter", lambda: float(next(ticks)))
+    server, client = PairProbe("127.0.0.1", timeout=10), PairProbe("127.0.0.1", timeout=10)
+    nbytes = 64 * sensing.SENSE_CHUNK
+    try:
+        thread = threading.Thread(target=server.server, args=(0, nbytes, 1))
+        thread.start()
+        seconds = client.client(0, server.endpoint(), nbytes, 1, cap_seconds=0.5)
+        thread.join(10)
+        assert not thread.is_alive()
+        assert seconds == 2 * 64
+    finally:
+        server.close()
+        client.close()
+
+
 def test_pair_probe_times_a_real_transfer():
     """Two PairProbes on loopback, one serving in a thread: the client's seconds, the server's acknowledgements."""
     import threading
