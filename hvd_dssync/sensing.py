@@ -7,17 +7,17 @@ today's default, random groups):
 1. **One host** (Horovod's ``local_size() == size()``, every rank on one machine, as in ``make test``):
    nothing to find and nothing sent; the default is unchanged.
 2. **Hosts**: one allgather of the hostnames (:func:`hvd_dssync.topology.host_name`). Where the job spans
-   several hosts that each run several ranks, each host is a rack (:func:`layout`).
-3. **Measured**: where that says nothing (a host with one rank, as on the bench: one rank per emulated
-   host), the first rank of each host sends up to ``SENSE_NBYTES`` (for at most ``SENSE_CAP_SECONDS``) to
-   every other host's over TCP, in
-   round-robin rounds of disjoint pairs (:class:`PairProbe`: a listener on the address Horovod's Gloo uses,
-   its endpoint gathered with the host names). Plain sockets, not Horovod: no process set is registered
+   two hosts that each run several ranks, each host is a rack (:func:`layout`).
+3. **Measured**: where that says nothing or not all (a host with one rank, as on the bench's one rank per
+   emulated host; or three hosts and more, which may share uplinks), the first rank of each host sends up
+   to ``SENSE_NBYTES`` (for at most ``SENSE_CAP_SECONDS``) to every other host's over TCP, in round-robin
+   rounds of disjoint pairs (:class:`PairProbe`: a listener on the address Horovod's Gloo uses, its
+   endpoint gathered with the host names). Plain sockets, not Horovod: no process set is registered
    (Horovod's Gloo controller is sensitive to sets added and removed while it runs), and a transfer's time
-   is the link's, not Horovod's negotiation (timed as two-rank allreduces, with the probe's sets registered,
-   a 512 KB allreduce took 0.1 to 0.56 s on the bench whatever the link, and no rack showed). Then ONE
-   allgather of every rank's figures, from which every rank builds the same racks
-   (:func:`racks_from_figures`: slow links below ``slow_fraction`` of the fastest pair's rate).
+   is the link's, not Horovod's negotiation. Then ONE allgather of every rank's figures, from which every
+   rank builds the same racks (:func:`racks_from_figures`: slow links below ``slow_fraction`` of the
+   fastest pair's rate). Hosts that each run several ranks and turn out to share one flat network are each
+   a rack, as in 2.
 
 The result is a :class:`Sensed` (how, what was found, what it cost), kept per process (:func:`sense_once`),
 so a later optimizer of the same job probes nothing. Numpy only: the adapters supply the collectives.
@@ -33,7 +33,7 @@ import numpy as np
 from .process_sets import DYNAMIC_ENV, elastic_job
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name, racks_from_rates, round_robin_pairings
 
-__all__ = ["AUTO", "Sensed", "layout", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
+__all__ = ["AUTO", "Sensed", "layout", "host_racks", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
            "sense", "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS",
            "SENSE_CAP_SECONDS", "MAX_PROBED_HOSTS", "default_topology"]
 
@@ -117,9 +117,10 @@ def wants_sensing(schedule, num_groups, group_size, topology, schedule_options, 
 
 
 def layout(rank_hosts):
-    """What Horovod's host layout says: ``("one host", None)``, ``("hosts", racks)`` where every one of
-    several hosts runs several ranks (a rack per host), else ``("measure", leaders)``: the lowest rank of
-    each host, in the order of the hosts' first ranks.
+    """What Horovod's host layout says: ``("one host", None)``; ``("hosts", racks)`` for two hosts that
+    each run several ranks (a rack per host: nothing more to learn); else ``("measure", leaders)``: the
+    lowest rank of each host, in the order of the hosts' first ranks (three hosts or more may share
+    uplinks, so their links are timed; see :func:`host_racks` for what the hosts alone say).
 
     Example::
 
@@ -129,16 +130,31 @@ def layout(rank_hosts):
         ('hosts', [[0, 2], [1, 3]])
         >>> layout(["a", "b", "c", "d"])
         ('measure', [0, 1, 2, 3])
-        >>> layout(["a", "a", "b"])
-        ('measure', [0, 2])
+        >>> layout(["a", "a", "b", "b", "c", "c"])
+        ('measure', [0, 2, 4])
     """
     hosts = list(dict.fromkeys(rank_hosts))
     if len(hosts) == 1:
         return "one host", None
+    racks = host_racks(rank_hosts)
+    if racks is not None and len(hosts) == 2:
+        return "hosts", racks
+    return "measure", [r for r in (min(i for i, h in enumerate(rank_hosts) if h == host) for host in hosts)]
+
+
+def host_racks(rank_hosts):
+    """A rack per host (sorted lists of ranks) where every host runs several ranks, else ``None``.
+
+    Example::
+
+        >>> host_racks(["b", "a", "b", "a"])
+        [[0, 2], [1, 3]]
+        >>> host_racks(["a", "a", "b"]) is None
+        True
+    """
+    hosts = list(dict.fromkeys(rank_hosts))
     ranks = [[r for r, h in enumerate(rank_hosts) if h == host] for host in hosts]
-    if all(len(r) > 1 for r in ranks):
-        return "hosts", sorted(ranks)
-    return "measure", [r[0] for r in ranks]
+    return sorted(ranks) if len(hosts) > 1 and all(len(r) > 1 for r in ranks) else None
 
 
 def probe_rounds(leaders):
@@ -387,15 +403,20 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
         if how != "measure":
             return Sensed(how, found, clock() - started, hosts)
         leaders = found
+        by_host = host_racks(rank_hosts)  # where the links between the hosts say nothing more
         if len(leaders) > MAX_PROBED_HOSTS or any(endpoints[r] is None for r in leaders):
-            return Sensed("not probed", None, clock() - started, hosts)
+            how = "not probed" if by_host is None else "hosts"
+            return Sensed(how, by_host, clock() - started, hosts)
         row = measure(rank, leaders, endpoints, probe, nbytes, repeats)
     finally:
         probe.close()
     figures = np.asarray(allgather(row), dtype=float)
     racks, by_pair = racks_from_figures(figures, leaders, rank_hosts, slow_fraction)
     if any(math.isinf(v) for v in by_pair.values()):
-        return Sensed("not probed", None, clock() - started, hosts, len(by_pair), by_pair)
+        how = "not probed" if by_host is None else "hosts"
+        return Sensed(how, by_host, clock() - started, hosts, len(by_pair), by_pair)
+    if len(racks) < 2 and by_host is not None:  # hosts on a flat network: each host is a rack
+        return Sensed("hosts", by_host, clock() - started, hosts, len(by_pair), by_pair)
     return Sensed("measured", racks, clock() - started, hosts, len(by_pair), by_pair)
 
 

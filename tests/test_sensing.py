@@ -39,9 +39,10 @@ class FakeProbe:
 
 def test_layout_one_host_hosts_or_measure():
     assert layout(["h"] * 4) == ("one host", None)
-    # Several hosts with several ranks each: each host is a rack, whatever the order of the ranks.
+    # Two hosts with several ranks each: each host is a rack, whatever the order of the ranks.
     assert layout(["a", "a", "b", "b"]) == ("hosts", [[0, 1], [2, 3]])
-    assert layout(["b", "a", "b", "a", "c", "c"]) == ("hosts", [[0, 2], [1, 3], [4, 5]])
+    # Three hosts or more may share uplinks: their first ranks are measured, whatever ranks they run.
+    assert layout(["b", "a", "b", "a", "c", "c"]) == ("measure", [0, 1, 4])
     # One rank per host (the bench): nothing to read from the layout; each host's first rank is measured.
     assert layout([f"ns{r}" for r in range(8)]) == ("measure", list(range(8)))
     # A host with one rank among hosts of several: the hosts' first ranks are measured.
@@ -173,6 +174,33 @@ def test_hosts_with_several_ranks_each_are_the_racks_with_no_probe():
     assert (sensed.how, sensed.racks, sensed.hosts) == ("hosts", [[0, 1], [2, 3]], 2)
     assert sensed.topology().rack_ranks() == [[0, 1], [2, 3]]
     assert probes[0].met == [] and probes[0].closed
+
+
+class FlatProbe(FakeProbe):
+    def client(self, rank, endpoint, nbytes, repeats):
+        self.met.append(("client", endpoint[1]))
+        return 0.01
+
+
+@pytest.mark.parametrize("probe_class,how,racks", [
+    (FakeProbe, "measured", [[0, 1, 2, 3], [4, 5, 6, 7]]),  # hosts behind shared uplinks: racks of hosts
+    (FlatProbe, "hosts", [[0, 1], [2, 3], [4, 5], [6, 7]]),  # a flat network between hosts: a rack per host
+])
+def test_three_hosts_or_more_of_several_ranks_are_measured(probe_class, how, racks):
+    hosts = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    leaders = [0, 2, 4, 6]
+    rows = [measure(r, leaders, endpoints(8), probe_class()) for r in range(8)]
+    sensed = sense(5, 8, False, gather_of(hosts), lambda row: np.stack(rows), address=lambda: "10.0.0.1",
+                   probe_class=probe_class)
+    assert (sensed.how, sensed.racks, sensed.hosts, sensed.pairs) == (how, racks, 4, 6)
+
+
+def test_hosts_of_several_ranks_without_a_probe_are_the_racks():
+    """More hosts than are probed, or no address to probe on: each host of several ranks is a rack."""
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    sensed = sense(0, 6, False, gather_of(hosts, endpoint=None), None, address=lambda: None,
+                   probe_class=FakeProbe)
+    assert (sensed.how, sensed.racks) == ("hosts", [[0, 1], [2, 3], [4, 5]])
 
 
 def test_one_rank_per_host_is_measured_and_the_figures_gathered_once():
