@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for hvd_dssync: system packages, a pinned virtual environment, and Horovod 0.28.1
-# built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17 and for process
-# sets that honour HOROVOD_GLOO_IFACE). The built wheel is cached outside the clone, keyed by versions.
+# built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17, and for process
+# sets' Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, scripts/patch_horovod.py). The
+# built wheel is cached outside the clone, keyed by versions and the patch level.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,7 +12,9 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.15.1
 CACHE="${HVD_DSSYNC_CACHE:-$HOME/.cache/hvd_dssync}"
-WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-patch2"
+HOROVOD_PATCH=patch3  # raise with every change to the build's patches: a venv with another build is rebuilt
+WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$HOROVOD_PATCH"
+HOROVOD_MARK="$VENV/.horovod-$HOROVOD_VERSION-$HOROVOD_PATCH"
 STAMP="$VENV/.hvd_dssync-setup-$(sha1sum "$ROOT/requirements.txt" "$0" | sha1sum | cut -c1-12)"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
@@ -51,7 +54,8 @@ pip_install --upgrade "pip<25" wheel
 pip_install -r "$ROOT/requirements.txt"
 
 # --- Horovod ---------------------------------------------------------------------------------
-if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
+if [ ! -f "$HOROVOD_MARK" ] || \
+   ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
     wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)
     if [ -z "$wheel" ]; then
         log "building Horovod $HOROVOD_VERSION (once, about 8 minutes on 2 cores); cache: $WHEEL_DIR"
@@ -63,7 +67,7 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
         # C++17 for the whole tree: torch >= 2.1 needs it, and gloo must match (horovod PR #3998).
         sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
         sed -i 's/-std=c++11/-std=c++17/' "$src/third_party/gloo/CMakeLists.txt"
-        # Process sets must bind to the interface the global context uses (HOROVOD_GLOO_IFACE).
+        # Process sets' Gloo contexts: the global context's interface, and one cross-host rendezvous scope.
         python3 "$ROOT/scripts/patch_horovod.py" "$src"
         grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
         grep -q 'c++17' "$src/third_party/gloo/CMakeLists.txt"
@@ -78,6 +82,8 @@ if ! "$VENV/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
     log "installing $(basename "$wheel")"
     pip_install --no-deps --force-reinstall "$wheel"
     pip_install cloudpickle psutil pyyaml packaging cffi
+    rm -f "$VENV"/.horovod-*
+    touch "$HOROVOD_MARK"
 fi
 
 # PEP 660 editable install (pyproject.toml) with the pinned setuptools: no legacy "setup.py develop".

@@ -139,11 +139,15 @@ def check_host_layout(hvd, allgather_object, slots):
     return layout, hosts
 
 
-def check_sensed_hosts(sensed, size, slots):
-    """The default sensed the hosts and took each one as a rack. Returns what it sensed (``{}`` for nothing)."""
+def check_sensed_hosts(sensed, size, slots, racks=None):
+    """The default sensed the racks: with ``racks`` (a count) it measured that many racks of consecutive
+    hosts, else it took each host as a rack. Returns what it sensed (``{}`` for nothing)."""
     sensed = sensed or {}
-    racks = [list(range(h * slots, (h + 1) * slots)) for h in range(size // slots)]
-    check(sensed.get("how") == "hosts" and sensed.get("racks") == racks, f"sensed {sensed}")
+    if racks is None:
+        how, want = "hosts", [list(range(h * slots, (h + 1) * slots)) for h in range(size // slots)]
+    else:
+        how, want = "measured", [list(range(k * size // racks, (k + 1) * size // racks)) for k in range(racks)]
+    check(sensed.get("how") == how and sensed.get("racks") == want, f"sensed {sensed}, want {how} {want}")
     return sensed
 
 

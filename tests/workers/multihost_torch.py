@@ -1,6 +1,7 @@
 """One rank of a PyTorch job across emulated hosts of several ranks each, launched by horovodrun or mpirun.
 
-Checks Horovod's host layout, that DS-Sync with its defaults finds the hosts as racks and averages each
+Checks Horovod's host layout, that DS-Sync with its defaults finds the racks (each host, or with a second
+argument that many racks of hosts, measured) and averages each
 step in exactly the groups its schedule names, that training runs, and that synchronize_models ends in
 consensus. Every check raises on failure, so a failing rank fails the launch.
 """
@@ -16,13 +17,14 @@ from torch_semantics import rank_valued  # (this folder)
 hvd.init()
 RANK, SIZE = common.identify(hvd)
 SLOTS = int(sys.argv[1])
+RACKS = int(sys.argv[2]) if len(sys.argv) > 2 else None  # racks of hosts behind a slow link, to be measured
 
 layout, hosts = common.check_host_layout(hvd, hvd.allgather_object, SLOTS)
 
 # Group means with the defaults: every rank starts at its rank; lr 0 leaves only the averaging.
 model = rank_valued(torch.nn.Linear(3, 2), RANK)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters())
-sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS)
+sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS, RACKS)
 plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], 8, []
 for t in range(steps):
     model.zero_grad()
