@@ -151,12 +151,13 @@ def refuse_topology_in_process_set(in_process_set, schedule, topology):
     Example::
 
         >>> refuse_topology_in_process_set(True, "shuffle", None)
+        >>> refuse_topology_in_process_set(True, None, "auto")  # the default: nothing is sensed in a set
         >>> refuse_topology_in_process_set(True, "topology", None)
         Traceback (most recent call last):
         ...
         ValueError: Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a process set ...
     """
-    if in_process_set and (topology is not None or schedule == "topology"):
+    if in_process_set and ((topology is not None and not _is_auto(topology)) or schedule == "topology"):
         raise ValueError("Arg ``process_set``: schedule='topology' and ``topology`` are not supported inside a "
                          "process set (finding the hosts is a collective over all ranks); use 'shuffle' or "
                          "'butterfly'.")

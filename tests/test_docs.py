@@ -141,7 +141,8 @@ DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.schedules.base", "hvd_dss
                    "hvd_dssync.simulate.table", "hvd_dssync.simulate.replay", "hvd_dssync.guards", "hvd_dssync.__main__",
                    "hvd_dssync.bench.scenarios", "hvd_dssync.bench.worker", "hvd_dssync.adaptive.settings",
                    "hvd_dssync.adaptive.decisions", "hvd_dssync.adaptive.state", "hvd_dssync.adaptive.wire",
-                   "hvd_dssync.sparse", "hvd_dssync.join", "hvd_dssync.config"]
+                   "hvd_dssync.sparse", "hvd_dssync.join", "hvd_dssync.config", "hvd_dssync.differences",
+                   "hvd_dssync.sensing"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

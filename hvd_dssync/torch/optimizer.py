@@ -25,7 +25,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch import functions as hvd_functions
 
-from ..config import SyncConfig
+from ..config import SyncConfig, refuse_topology_in_process_set
 from ..guards import check_nccl_process_sets
 from ..join import JoinState
 from ..plan import BSP, SyncPlan, check_horovod_arguments, check_ranks_agree
@@ -431,6 +431,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    in_process_set = scope.world_size != hvd.size()
+    refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
     config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
@@ -440,7 +442,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = _check_named_parameters(optimizer, named_parameters)
-    in_process_set = scope.world_size != hvd.size()
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
