@@ -295,9 +295,9 @@ class SyncConfig:
         """
         topology, sensed = sense(self.schedule, self.num_groups, self.group_size, self.topology,
                                  self.schedule_options, not in_process_set)
-        refuse_topology_in_process_set(in_process_set, self.schedule, topology)
         schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, topology)[0]
-        refuse_topology_in_process_set(in_process_set, schedule, topology)  # HVD_DSSYNC_TOPOLOGY may make it so
+        # The adapters refuse the arguments first; HVD_DSSYNC_TOPOLOGY may make the resolved schedule so.
+        refuse_topology_in_process_set(in_process_set, schedule, topology)
         if topology is not None or schedule == "topology":
             topology = job_topology(topology)
         return replace(self, schedule=schedule, topology=topology), sensed

@@ -133,13 +133,18 @@ def layout(rank_hosts):
         >>> layout(["a", "a", "b", "b", "c", "c"])
         ('measure', [0, 2, 4])
     """
-    hosts = list(dict.fromkeys(rank_hosts))
-    if len(hosts) == 1:
+    ranks = _ranks_by_host(rank_hosts)
+    if len(ranks) == 1:
         return "one host", None
     racks = host_racks(rank_hosts)
-    if racks is not None and len(hosts) == 2:
+    if racks is not None and len(ranks) == 2:
         return "hosts", racks
-    return "measure", [r for r in (min(i for i, h in enumerate(rank_hosts) if h == host) for host in hosts)]
+    return "measure", [r[0] for r in ranks]
+
+
+def _ranks_by_host(rank_hosts):
+    """Each host's ranks, the hosts in the order of their first ranks."""
+    return [[r for r, h in enumerate(rank_hosts) if h == host] for host in dict.fromkeys(rank_hosts)]
 
 
 def host_racks(rank_hosts):
@@ -152,9 +157,8 @@ def host_racks(rank_hosts):
         >>> host_racks(["a", "a", "b"]) is None
         True
     """
-    hosts = list(dict.fromkeys(rank_hosts))
-    ranks = [[r for r, h in enumerate(rank_hosts) if h == host] for host in hosts]
-    return sorted(ranks) if len(hosts) > 1 and all(len(r) > 1 for r in ranks) else None
+    ranks = _ranks_by_host(rank_hosts)
+    return sorted(ranks) if len(ranks) > 1 and all(len(r) > 1 for r in ranks) else None
 
 
 def probe_rounds(leaders):
