@@ -40,6 +40,7 @@ DSSYNC_CONTENDERS = {
     "dssync-adaptive-first4": ("topology", True),
     "dssync-local-idle-sets": ("one group", True),
     "dssync-default": ("default", False),
+    "dssync-topology-local-dynamic": ("topology", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
@@ -59,6 +60,9 @@ POLICY = {"dssync-adaptive": {"decide_every": 16}, "dssync-adaptive-mode": {"dec
 # Contenders whose Horovod also registers another contender's process sets, which they leave idle: what
 # the registered sets alone cost (Horovod negotiates every registered set on every cycle).
 IDLE_SETS = {"dssync-local-idle-sets": "dssync-topology-local"}
+# Contenders that start Horovod with a plain ``hvd.init()`` (dynamic process sets: Horovod adds a global
+# exchange to every cycle) instead of ``dss.init`` (the schedule's sets registered statically).
+DYNAMIC_SETS = {"dssync-topology-local-dynamic"}
 # The plain swap: ``hvd.init()`` and ``DistributedOptimizer(opt, named_parameters=...)``, nothing else; the
 # default schedule comes from what the optimizer senses of the network (``topology="auto"``). Its record
 # holds what was sensed and what it cost (``record["sensed"]``).
@@ -180,7 +184,10 @@ def _make_contender(name, model, config, rank, size):
         else:
             kwargs = dssync_arguments(name, config)
             registered = dssync_arguments(IDLE_SETS.get(name, name), config)
-            dss.init(seed=config["seed"], **{k: v for k, v in registered.items() if k != "average_every"})
+            if name in DYNAMIC_SETS:
+                hvd.init()
+            else:
+                dss.init(seed=config["seed"], **{k: v for k, v in registered.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
