@@ -7,7 +7,8 @@ Run with any Horovod launcher, e.g.::
 It trains the same model twice from the same initial weights and data order, first with Horovod's
 ``DistributedOptimizer`` and then with DS-Sync's, showing the Keras progress bar (with the consensus
 distance) on rank 0, one line per epoch where the output is not a terminal, and ends with the comparison. ``--optimizer dssync`` or ``horovod`` runs one only.
-The only DS-Sync-specific lines are the ``dss.DistributedOptimizer`` call and its two callbacks.
+The only DS-Sync-specific lines are the ``dss.DistributedOptimizer`` call (the one-line swap: no DS-Sync
+argument; ``--schedule shuffle`` or ``butterfly`` names one) and its two callbacks.
 """
 import argparse
 import json
@@ -29,8 +30,9 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the world size")
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--group-size", type=int, default=2, help="ranks per group (at most)")
-    parser.add_argument("--schedule", default="shuffle", choices=("shuffle", "butterfly"))
+    parser.add_argument("--schedule", default="default", choices=("default", "shuffle", "butterfly"),
+                        help="default: the one-line swap, no DS-Sync argument (the racks are sensed)")
+    parser.add_argument("--group-size", type=int, default=2, help="ranks per group (at most), for shuffle")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
@@ -56,9 +58,12 @@ def train(name, args, data):
     model = build_model(args)
     optimizer = tf.keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    if name == "dssync" and args.schedule == "default":
+        optimizer = dss.DistributedOptimizer(optimizer)  # the one-line swap
+    elif name == "dssync":
+        groups = {"group_size": min(args.group_size, hvd.size())} if args.schedule == "shuffle" else {}
+        optimizer = dss.DistributedOptimizer(optimizer, schedule=args.schedule, seed=args.seed, **groups)
     if name == "dssync":
-        optimizer = dss.DistributedOptimizer(optimizer, group_size=min(args.group_size, hvd.size()),
-                                             schedule=args.schedule, seed=args.seed)
         callbacks += [dss.callbacks.ConsensusDistanceCallback(), dss.callbacks.SynchronizeModelsCallback()]
     else:
         optimizer = hvd.DistributedOptimizer(optimizer)

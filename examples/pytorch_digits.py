@@ -5,8 +5,9 @@ Run with any Horovod launcher, e.g.::
     horovodrun -np 4 -H localhost:4 python examples/pytorch_digits.py
     horovodrun -np 4 -H localhost:4 python examples/pytorch_digits.py --optimizer horovod
 
-The only DS-Sync-specific lines are the import and the ``dss.DistributedOptimizer`` call (plus
-``dss.synchronize_models`` at the end, so every rank holds the consensus model).
+The only DS-Sync-specific lines are the import and the ``dss.DistributedOptimizer`` call (the one-line
+swap: no DS-Sync argument; ``--schedule shuffle`` or ``butterfly`` names one), plus
+``dss.synchronize_models`` at the end, so every rank holds the consensus model.
 """
 import argparse
 import json
@@ -29,8 +30,9 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the world size")
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--num-groups", type=int, default=2)
-    parser.add_argument("--schedule", default="shuffle", choices=("shuffle", "butterfly"))
+    parser.add_argument("--schedule", default="default", choices=("default", "shuffle", "butterfly"),
+                        help="default: the one-line swap, no DS-Sync argument (the racks are sensed)")
+    parser.add_argument("--num-groups", type=int, default=2, help="for shuffle")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp16", action="store_true", help="hvd.Compression.fp16 for what each optimizer sends")
     parser.add_argument("--json", help="write the result here (rank 0)")
@@ -69,7 +71,10 @@ def main():
                                 torch.nn.Linear(args.hidden, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
-    if args.optimizer == "dssync":
+    if args.optimizer == "dssync" and args.schedule == "default":  # the one-line swap
+        optimizer = dss.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), model=model,
+                                             compression=compression)
+    elif args.optimizer == "dssync":
         optimizer = dss.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), model=model,
                                              num_groups=args.num_groups if args.schedule == "shuffle" else None,
                                              schedule=args.schedule, seed=args.seed, compression=compression)

@@ -26,8 +26,12 @@ from .schedules.base import _check_int
 from .sensing import AUTO
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
 
-__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "build_schedule", "arguments_for_world",
-           "refuse_topology_in_process_set"]
+__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "default_average_every", "RACK_AVERAGE_EVERY",
+           "build_schedule", "arguments_for_world", "refuse_topology_in_process_set"]
+
+# ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
+# given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
+RACK_AVERAGE_EVERY = 4
 
 
 def default_group_size(world_size):
@@ -86,6 +90,24 @@ def resolve_schedule(schedule, num_groups, group_size, topology):
     if schedule == "topology":
         refuse_sizes_with_topology(num_groups, group_size, why)
     return schedule, num_groups, group_size
+
+
+def default_average_every(average_every, schedule_given, schedule, policy=None):
+    """``average_every`` as given, or its default (``None``): :data:`RACK_AVERAGE_EVERY` where the schedule
+    was not named (``schedule_given`` None, the one-line swap) and resolved to the topology-aware one (racks
+    sensed or given) under the fixed policy, else 1. A pure function: every rank decides alike.
+
+    Example::
+
+        >>> default_average_every(None, None, "topology"), default_average_every(None, "topology", "topology")
+        (4, 1)
+        >>> default_average_every(None, None, "shuffle"), default_average_every(2, None, "topology")
+        (1, 2)
+    """
+    if average_every is not None:
+        return average_every
+    fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
+    return RACK_AVERAGE_EVERY if schedule_given is None and schedule == "topology" and fixed else 1
 
 
 def build_schedule(world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0, topology=None,
@@ -253,7 +275,7 @@ class SyncConfig:
     topology: object = None
     warmup_steps: int = 0
     global_every: int = 0
-    average_every: int = 1
+    average_every: object = None
     schedule_options: object = None
     policy: object = None
     outer_momentum: float = 0.0
@@ -263,8 +285,9 @@ class SyncConfig:
 
     def __post_init__(self):
         # In the order the plan checks them: the policies, the schedule's resolution, the schedule.
-        AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
-        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self.average_every)
+        every = 1 if self.average_every is None else self.average_every  # None: the default, see resolve()
+        AdaptivePolicy.resolve(self.policy, every, self.global_every)
+        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=every)
         racks = None if _is_auto(self.topology) else self.topology
         resolved = resolve_schedule(self.schedule, self.num_groups, self.group_size, racks)[0]
         _check_schedule(self.schedule, resolved, self.num_groups, self.group_size, self.seed)
@@ -284,6 +307,7 @@ class SyncConfig:
         ``sense(schedule, num_groups, group_size, topology, schedule_options, whole_job)`` is the adapter's
         :func:`hvd_dssync.sensing.default_topology`: ``topology="auto"`` becomes the sensed racks or None.
         The schedule is then resolved (:func:`resolve_schedule`: None becomes "topology" or "shuffle"), and
+        ``average_every`` (:func:`default_average_every`: None becomes 4 on the default's racks, else 1), and
         racks, where there are any, become the job's :class:`hvd_dssync.topology.Topology` through
         ``job_topology(spec)`` (the adapter's allgather of host names). Inside a process set
         (``in_process_set``) the topology-aware schedule is refused (:func:`refuse_topology_in_process_set`).
@@ -300,15 +324,17 @@ class SyncConfig:
         refuse_topology_in_process_set(in_process_set, schedule, topology)
         if topology is not None or schedule == "topology":
             topology = job_topology(topology)
-        return replace(self, schedule=schedule, topology=topology), sensed
+        every = default_average_every(self.average_every, self.schedule, schedule, self.policy)
+        return replace(self, schedule=schedule, topology=topology, average_every=every), sensed
 
     def adaptive(self):
         """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""
-        return AdaptivePolicy.resolve(self.policy, self.average_every, self.global_every)
+        return AdaptivePolicy.resolve(self.policy, self.average_every or 1, self.global_every)
 
     def plan_arguments(self):
         """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
         arguments = {key: getattr(self, key) for key in _PLAN_KEYS}
+        arguments["average_every"] = self.average_every or 1  # None where not resolved: the plain default
         adaptive = self.adaptive()
         if adaptive is not None:
             arguments["adaptive"] = adaptive.config()

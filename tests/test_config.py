@@ -15,9 +15,30 @@ def test_defaults_are_the_adapters():
     config = SyncConfig()
     assert (config.num_groups, config.group_size, config.seed, config.schedule, config.topology) == \
         (None, None, 0, None, None)
-    assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, 0, 1, None)
+    assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, 0, None, None)
     assert (config.outer_momentum, config.overlap, config.average_buffers, config.sparse_average) == \
         (0.0, False, True, True)
+
+
+def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    racks = [[0, 1], [2, 3]]
+    # What sensing finds (hvd_dssync.sensing.default_topology): "auto" becomes the racks, or one rack (None).
+    sensed = lambda s, n, g, topology, o, w: (racks if topology == "auto" else topology, None)  # noqa: E731
+    nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
+    job = lambda topology: Topology.from_racks(racks)  # noqa: E731
+
+    def every(sense, **arguments):
+        config, _ = SyncConfig(**arguments).resolve(sense, job)
+        return config.average_every, config.plan_arguments()["average_every"]
+
+    assert every(sensed, topology="auto") == (4, 4)  # the one-line swap on sensed racks
+    assert every(nothing, topology=racks) == (4, 4)  # racks given, schedule not named
+    assert every(nothing, topology="auto") == (1, 1)  # one rack: random groups, every step
+    assert every(nothing, schedule="topology", topology=racks) == (1, 1)  # the schedule named
+    assert every(sensed, topology="auto", average_every=2) == (2, 2)  # given: kept
+    assert every(sensed, topology="auto", policy="adaptive")[0] == 1  # the adaptive policy sets its periods
+    assert SyncConfig().plan_arguments()["average_every"] == 1  # unresolved: every step
 
 
 @pytest.mark.parametrize("arguments,named", [

@@ -9,6 +9,8 @@ import json
 
 import numpy as np
 
+from .worker import POSTLOCAL, averager_period
+
 __all__ = ["summarize", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets",
            "render_markdown", "PYTORCH_AVERAGERS"]
 
@@ -34,12 +36,12 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
         # Open MPI's coll/han: inside each host (no rack link crossed), then between one rank per host.
         return [[tuple(range(0, size, config.get("slots_per_host", 1)))]] * steps
     if contender.startswith("postlocal-"):
-        period, warmup = config["local_period"], config.get("warmup_steps", 0)
+        period, warmup = averager_period(contender, config), config.get("warmup_steps", 0)
         out = []
         for step in range(1, steps + 1):
             if step <= warmup:
                 out.append([world])
-            elif contender == "postlocal-periodic":
+            elif contender.startswith("postlocal-periodic"):
                 out.append([world] if (step - warmup) % period == 0 else None)
             elif (step - warmup) % (period * 2) == 0:
                 out.append([world])
@@ -54,8 +56,10 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
     from .worker import dssync_arguments
 
     arguments = dssync_arguments(contender, dict(config, racks=racks))
-    if sensed_racks:  # the default schedule on the racks it sensed (dssync-default)
-        arguments = {"schedule": "topology", "topology": sensed_racks}
+    if sensed_racks:  # the default schedule on the racks it sensed (dssync-default), at its default period
+        from ..config import RACK_AVERAGE_EVERY
+
+        arguments = {"schedule": "topology", "topology": sensed_racks, "average_every": RACK_AVERAGE_EVERY}
     if "topology" in arguments:
         arguments["topology"] = Topology.from_racks(arguments["topology"])
     # Every rank's plan, as the optimizers build them: a step's groups are those its ranks average in.
@@ -217,7 +221,7 @@ def markdown_table(rows, target):
     return "\n".join(lines) + "\n"
 
 
-PYTORCH_AVERAGERS = ("postlocal-periodic", "postlocal-hierarchical")
+PYTORCH_AVERAGERS = POSTLOCAL
 ADAPTIVE = "dssync-adaptive"
 
 

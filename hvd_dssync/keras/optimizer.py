@@ -366,7 +366,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
                          groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
-                         warmup_steps=0, global_every=0, average_every=1, model=None, average_non_trainable=True,
+                         warmup_steps=0, global_every=0, average_every=None, model=None, average_non_trainable=True,
                          schedule_options=None, policy=None, sparse_average=True):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
@@ -403,7 +403,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             them once per job where no other DS-Sync argument names the schedule (:mod:`hvd_dssync.sensing`).
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
-        average_every: average every this many steps; the steps between are local (local SGD).
+        average_every: average every this many steps; the steps between are local (local SGD). Default
+            (None): 4 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
+            ``schedule``), else 1 (``hvd_dssync.config.default_average_every``).
         model: the Keras model; found automatically when training with ``model.fit``.
         average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
         schedule_options: extra arguments for the named schedule. Shuffle defaults to

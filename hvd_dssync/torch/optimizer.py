@@ -355,7 +355,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
-                         warmup_steps=0, global_every=0, average_every=1, model=None, average_buffers=True,
+                         warmup_steps=0, global_every=0, average_every=None, model=None, average_buffers=True,
                          overlap=False, schedule_options=None, outer_momentum=0.0, policy=None,
                          sparse_average=True):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
@@ -397,7 +397,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         average_every: average every this many steps; the steps between are local, without communication
             (local SGD; with ``num_groups=1`` this is PyTorch's post-local SGD with period
             ``average_every``). ``global_every`` counts steps too, and the schedule advances once per
-            group average.
+            group average. Default (None): 4 where the optimizer picks the topology-aware schedule itself
+            (racks sensed or given, no ``schedule``), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
         average_buffers: set False to keep buffers local.
         overlap: start the averaging asynchronously and fold it in at the next step (one step stale).

@@ -25,7 +25,7 @@ layout, hosts = common.check_host_layout(hvd, hvd.allgather_object, SLOTS)
 model = rank_valued(torch.nn.Linear(3, 2), RANK)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters())
 sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS, RACKS)
-plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], 8, []
+plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], 16, []
 for t in range(steps):
     model.zero_grad()
     model(torch.randn(4, 3)).sum().backward()

@@ -1,5 +1,5 @@
 """One rank of a job of one rank per emulated host: the default optimizer senses the racks behind the slow
-link by timing the host pairs; rank 0 prints what it found."""
+link by timing the host pairs; rank 0 prints what it found, and the period the default takes on the racks."""
 import json
 
 import horovod.torch as hvd
@@ -17,4 +17,5 @@ for _ in range(2):
 total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
 assert total.item() == hvd.size(), total
 if hvd.rank() == 0:
-    print("SENSED " + json.dumps(dict(opt.sensed, schedule=type(opt.schedule).__name__)), flush=True)
+    print("SENSED " + json.dumps(dict(opt.sensed, schedule=type(opt.schedule).__name__,
+                                      average_every=opt.policy.average_every)), flush=True)
