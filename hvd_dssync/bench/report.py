@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from .worker import POSTLOCAL, averager_period
+from .worker import POSTLOCAL, period_of
 
 __all__ = ["summarize", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets",
            "render_markdown", "PYTORCH_AVERAGERS"]
@@ -36,7 +36,7 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
         # Open MPI's coll/han: inside each host (no rack link crossed), then between one rank per host.
         return [[tuple(range(0, size, config.get("slots_per_host", 1)))]] * steps
     if contender.startswith("postlocal-"):
-        period, warmup = averager_period(contender, config), config.get("warmup_steps", 0)
+        period, warmup = period_of(contender, config), config.get("warmup_steps", 0)
         out = []
         for step in range(1, steps + 1):
             if step <= warmup:

@@ -24,7 +24,7 @@ from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
 __all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "HOROVOD_BSP", "POSTLOCAL", "dssync_arguments",
-           "averager_period"]
+           "period_of"]
 
 # DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
 # one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
@@ -42,6 +42,10 @@ DSSYNC_CONTENDERS = {
     "dssync-local-idle-sets": ("one group", True),
     "dssync-default": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
+    # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
+    # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
+    "dssync-topology-local-p2": ("topology", True),
+    "dssync-topology-local-p8": ("topology", True),
 }
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
@@ -159,20 +163,21 @@ def dssync_arguments(name, config):
            "topology": dict(schedule="topology", topology=racks),
            "one group": dict(schedule="shuffle", num_groups=1), "default": {}}[schedule]
     if local:
-        out["average_every"] = config["local_period"]
+        out["average_every"] = period_of(name, config)
     return out
 
 
-def averager_period(name, config):
-    """The period of the PyTorch averager ``name``: its "-p<N>" suffix, else ``config["local_period"]``.
+def period_of(name, config):
+    """The averaging period of contender ``name`` (a PyTorch averager or a DS-Sync contender with local
+    steps): its "-p<N>" suffix, else ``config["local_period"]``.
 
     Example::
 
-        >>> averager_period("postlocal-hierarchical-p16", {"local_period": 4}), averager_period("postlocal-periodic", {"local_period": 4})
+        >>> period_of("postlocal-hierarchical-p16", {"local_period": 4}), period_of("postlocal-periodic", {"local_period": 4})
         (16, 4)
     """
     head, _, tail = name.rpartition("-p")
-    return int(tail) if head.startswith("postlocal-") and tail.isdigit() else config["local_period"]
+    return int(tail) if head and tail.isdigit() else config["local_period"]
 
 
 def _make_contender(name, model, config, rank, size):
@@ -236,7 +241,7 @@ def _make_contender(name, model, config, rank, size):
     # Gradients are allreduced globally during the warm-up only; afterwards the averager alone syncs.
     ddp.register_comm_hook(PostLocalSGDState(None, None, warmup, post_local_gradient_allreduce=False),
                            post_localSGD_hook)
-    period = averager_period(name, config)
+    period = period_of(name, config)
     if name.startswith("postlocal-periodic"):
         averager = PeriodicModelAverager(period=period, warmup_steps=warmup)
     else:
