@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-gloo-stalls test-core bench bench-report bench-loopback bench-sparse simulate docs-check clean distclean
+.PHONY: setup demo test test-gloo-stalls test-core bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,11 @@ bench-loopback: setup
 
 bench-sparse: setup
 	$(PY) scripts/sparse_bench.py --ranks 4 --racks 2
+
+# Accuracy of DS-Sync's periods against Horovod's at a fixed epoch budget, 4 tasks (about 8 minutes).
+bench-parity: setup
+	PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 1800 \
+	    horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2
 
 simulate: setup
 	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096

@@ -1,0 +1,212 @@
+"""Accuracy parity of DS-Sync's local-step settings against Horovod's bulk-synchronous optimizer.
+
+Run from the repository root with 4 ranks (the DS-Sync configurations use the topology-aware schedule on
+2 racks of 2); ``PYTHONPATH=.`` makes the ranks import this checkout's ``hvd_dssync``::
+
+    PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 1800 \\
+        horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2 --json parity.json
+
+The whole default run (4 tasks x 3 seeds x 6 configurations) takes about 8 minutes on 2 CPU cores.
+
+One job loops over tasks x seeds x configurations, in the same order on every rank. Each configuration
+builds a fresh MLP from the seed, broadcasts it from rank 0, trains it for the task's fixed epoch budget
+(per-rank batch 32, disjoint shards of the training split, SGD with momentum 0.9 and lr = base_lr x ranks,
+Horovod's recipe, the same for every configuration), then evaluates on the task's 25% stratified test split.
+A DS-Sync configuration is evaluated twice: rank 0's own model, then the consensus model after
+``hvd_dssync.torch.synchronize_models``. Horovod's model is the same on every rank, so both are its accuracy.
+
+Rank 0 prints one table per task: the median test accuracy over seeds (each seed in brackets) and its
+difference in percentage points from ``horovod``, for the rank-0 model and for the consensus model.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import horovod.torch as hvd
+import hvd_dssync.torch as dss  # before hvd.init(): enables the dynamic process sets DS-Sync adds
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_breast_cancer, load_digits, load_wine, make_classification
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+
+RACKS = [[0, 1], [2, 3]]
+
+
+def synthetic(seed):
+    return make_classification(n_samples=6000, n_features=40, n_informative=20, n_classes=10,
+                               n_clusters_per_class=2, class_sep=1.0, random_state=seed)
+
+
+# name -> (loader(seed) -> (X, y), default epochs). Epochs: Horovod on a plateau, the whole job short.
+TASKS = {
+    "digits": (lambda seed: load_digits(return_X_y=True), 20),
+    "breast_cancer": (lambda seed: load_breast_cancer(return_X_y=True), 24),
+    "wine": (lambda seed: load_wine(return_X_y=True), 40),
+    "synthetic": (synthetic, 30),
+}
+
+# name -> DS-Sync's keyword arguments (None: Horovod's own optimizer). "warmup_steps": "epoch" is one
+# epoch's steps, filled in per task.
+CONFIGS = {
+    "horovod": None,
+    "dssync-every-1": {"average_every": 1},
+    "dssync-every-2": {"average_every": 2},
+    "dssync-every-4": {"average_every": 4},
+    "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
+    "dssync-every-4-warmup": {"average_every": 4, "warmup_steps": "epoch"},
+}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated, from: " + ", ".join(TASKS))
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated integers")
+    parser.add_argument("--epochs", type=int, help="override every task's epoch budget")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--base-lr", type=float, default=0.02, help="per rank; scaled by the world size")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--json", help="write all results here (rank 0)")
+    args = parser.parse_args()
+    args.tasks = args.tasks.split(",")
+    args.configs = args.configs.split(",")
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    unknown = [t for t in args.tasks if t not in TASKS] + [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown task or configuration: {', '.join(unknown)}")
+    if "horovod" not in args.configs:
+        args.configs.insert(0, "horovod")  # the reference of every difference
+    return args
+
+
+def load_task(task, seed):
+    """Standardized float32 tensors of a fixed 25% stratified test split (by seed)."""
+    x, y = TASKS[task][0](seed)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+    scaler = StandardScaler().fit(x_train)
+    as_x = lambda a: torch.from_numpy(scaler.transform(a).astype(np.float32))  # noqa: E731
+    as_y = lambda a: torch.from_numpy(np.asarray(a)).long()  # noqa: E731
+    return as_x(x_train), as_y(y_train), as_x(x_test), as_y(y_test)
+
+
+def accuracy(model, x, y):
+    model.eval()
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def train_one(config, data, seed, epochs, args):
+    """Train one configuration from the seed's initial model; return its accuracies (every rank)."""
+    x_train, y_train, x_test, y_test = data
+    size, rank = hvd.size(), hvd.rank()
+    shard = torch.arange(rank, len(x_train), size)  # disjoint shards
+    x_local, y_local = x_train[shard], y_train[shard]
+    steps_per_epoch = max(1, (len(x_train) // size) // args.batch_size)  # the smallest shard's, on every rank
+
+    torch.manual_seed(seed)
+    classes = int(y_train.max()) + 1
+    model = torch.nn.Sequential(torch.nn.Linear(x_train.shape[1], args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, classes))
+    opt = torch.optim.SGD(model.parameters(), lr=args.base_lr * size, momentum=0.9)
+    options = CONFIGS[config]
+    if options is None:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    else:
+        options = dict(options)
+        if options.get("warmup_steps") == "epoch":
+            options["warmup_steps"] = steps_per_epoch
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model,
+                                       topology=RACKS, **options)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    generator = torch.Generator().manual_seed(1000 * seed + rank)  # the same batches for every configuration
+    started = time.perf_counter()
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(x_local), generator=generator)
+        for step in range(steps_per_epoch):
+            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            opt.zero_grad()
+            F.cross_entropy(model(x_local[batch]), y_local[batch]).backward()
+            opt.step()
+    seconds = time.perf_counter() - started
+
+    own = accuracy(model, x_test, y_test)
+    if options is None:
+        return {"rank0": own, "consensus": own, "distance": 0.0, "seconds": seconds, "steps": steps_per_epoch * epochs}
+    distance = dss.consensus_distance(model)
+    dss.synchronize_models(model)
+    return {"rank0": own, "consensus": accuracy(model, x_test, y_test), "distance": distance,
+            "seconds": seconds, "steps": steps_per_epoch * epochs}
+
+
+def summarize(results, seeds):
+    """Add medians over seeds and their differences from horovod (percentage points), per task."""
+    for task, by_config in results.items():
+        reference = {k: statistics.median(by_config["horovod"]["seeds"][s][k] for s in seeds)
+                     for k in ("rank0", "consensus")}
+        for entry in by_config.values():
+            for k in ("rank0", "consensus"):
+                entry[f"{k}_median"] = statistics.median(entry["seeds"][s][k] for s in seeds)
+                entry[f"{k}_diff_pp"] = 100 * (entry[f"{k}_median"] - reference[k])
+                entry[f"{k}_worst_paired_pp"] = min(
+                    100 * (entry["seeds"][s][k] - by_config["horovod"]["seeds"][s][k]) for s in seeds)
+            entry["distance_median"] = statistics.median(entry["seeds"][s]["distance"] for s in seeds)
+
+
+def print_tables(results, seeds, meta):
+    for task, by_config in results.items():
+        m = meta[task]
+        print(f"\n== {task}: {m['epochs']} epochs x {m['steps_per_epoch']} steps, test set {m['test']} samples "
+              f"(1 sample = {100 / m['test']:.2f} pp); accuracy %, median [seeds {','.join(map(str, seeds))}]")
+        print(f"{'configuration':<24}{'rank-0 model':>28}{'Δ pp':>8}{'consensus model':>28}{'Δ pp':>8}"
+              f"{'distance':>10}")
+        for config, e in by_config.items():
+            cells = []
+            for k in ("rank0", "consensus"):
+                each = " ".join(f"{100 * e['seeds'][s][k]:.1f}" for s in seeds)
+                cells.append(f"{100 * e[k + '_median']:>7.2f} [{each}]".rjust(28) + f"{e[k + '_diff_pp']:>+8.2f}")
+            print(f"{config:<24}{cells[0]}{cells[1]}{e['distance_median']:>10.1e}")
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    if hvd.size() != 4:
+        raise SystemExit(f"run with 4 ranks (2 racks of 2), not {hvd.size()}")
+    results, meta = {}, {}
+    started = time.perf_counter()
+    for task in args.tasks:
+        epochs = args.epochs or TASKS[task][1]
+        results[task] = {c: {"seeds": {}} for c in args.configs}
+        for seed in args.seeds:
+            data = load_task(task, seed)
+            meta[task] = {"epochs": epochs, "test": len(data[3]), "train": len(data[0]),
+                          "steps_per_epoch": max(1, (len(data[0]) // hvd.size()) // args.batch_size)}
+            for config in args.configs:
+                r = train_one(config, data, seed, epochs, args)
+                results[task][config]["seeds"][seed] = r
+                if hvd.rank() == 0:
+                    print(f"[{time.perf_counter() - started:7.1f}s] {task} seed {seed} {config:<22} "
+                          f"rank-0 {100 * r['rank0']:.2f}%  consensus {100 * r['consensus']:.2f}%  "
+                          f"distance {r['distance']:.1e}  ({r['seconds']:.1f}s)", flush=True)
+    wall = time.perf_counter() - started
+    if hvd.rank() == 0:
+        summarize(results, args.seeds)
+        print_tables(results, args.seeds, meta)
+        print(f"\n{hvd.size()} ranks, racks {RACKS}, base lr {args.base_lr} per rank (x{hvd.size()}), "
+              f"batch {args.batch_size} per rank, hidden {args.hidden}: {wall:.0f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "racks": RACKS, "wall_seconds": wall, "tasks": meta,
+                           "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
