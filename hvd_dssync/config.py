@@ -31,7 +31,7 @@ __all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "default_aver
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
 # given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
-RACK_AVERAGE_EVERY = 4
+RACK_AVERAGE_EVERY = 2
 
 
 def default_group_size(world_size):
@@ -100,7 +100,7 @@ def default_average_every(average_every, schedule_given, schedule, policy=None):
     Example::
 
         >>> default_average_every(None, None, "topology"), default_average_every(None, "topology", "topology")
-        (4, 1)
+        (2, 1)
         >>> default_average_every(None, None, "shuffle"), default_average_every(2, None, "topology")
         (1, 2)
     """

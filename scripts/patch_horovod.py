@@ -1,6 +1,7 @@
-"""Patch an unpacked Horovod 0.28.1 sdist: two fixes to the Gloo contexts of process sets.
+"""Patch an unpacked Horovod 0.28.1 sdist: two fixes to the Gloo contexts of process sets, and a cheaper
+cycle with dynamic process sets.
 
-Both are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo/gloo_context.cc``):
+The fixes are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo/gloo_context.cc``):
 
 1. **The interface.** As released, a process set's device is built from the new context's ``gloo_iface_``,
    which is never set, so its Gloo context binds to the address the hostname resolves to (loopback on
@@ -11,6 +12,15 @@ Both are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo/gloo
    ranks 0-1 and 2-3: rank 1 is the set's first rank on its host, rank 3 the second on its own), the two
    members wait in differently named scopes for each other until the Gloo timeout ("Wait timeout after
    ... seconds for key(s): 0"). The scope is named by the global local rank, which all its members share.
+
+3. **Dynamic process sets, agreed every few cycles** (``horovod/common/operations.cc``). With
+   ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` every cycle of Horovod's background loop begins with a global
+   allgather in which the ranks agree on sets added or removed since; DS-Sync's steps are many short cycles,
+   and that exchange crosses the slowest link each time. The patch runs it on one cycle in
+   ``HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY`` (default 16; 1 is Horovod's behaviour). Every rank runs the
+   same cycles (each cycle negotiates the global set, a collective) and counts them from 0 at each start of
+   the background loop, so all ranks still agree on the same cycles; a set added or removed waits up to
+   that many cycles longer.
 """
 import pathlib
 import sys
@@ -22,7 +32,39 @@ PATCHES = [
 ]
 
 
+# (what the release has, what the patch makes it), each once in horovod/common/operations.cc.
+CYCLE_PATCHES = [
+    ("bool RunLoopOnce(HorovodGlobalState& state);\n",
+     "bool RunLoopOnce(HorovodGlobalState& state);\n\n"
+     "// Dynamic process sets are agreed on one cycle in dynamic_check_every (build patch, see above).\n"
+     "static int dynamic_check_every = 1;\n"
+     "static long long dynamic_check_cycle = 0;\n"),
+    ("      GetBoolEnvOrDefault(HOROVOD_DYNAMIC_PROCESS_SETS, false);\n",
+     "      GetBoolEnvOrDefault(HOROVOD_DYNAMIC_PROCESS_SETS, false);\n"
+     "  dynamic_check_every =\n"
+     "      GetIntEnvOrDefault(\"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY\", 16);\n"
+     "  if (dynamic_check_every < 1) dynamic_check_every = 1;\n"
+     "  dynamic_check_cycle = 0;\n"),
+    ("  if (state.dynamic_process_sets) {\n    // Initialize any newly added",
+     "  if (state.dynamic_process_sets &&\n"
+     "      dynamic_check_cycle++ % dynamic_check_every == 0) {\n    // Initialize any newly added"),
+]
+
+
+def patch_cycle(source_dir):
+    path = pathlib.Path(source_dir) / "horovod" / "common" / "operations.cc"
+    text = path.read_text()
+    for release, patched in CYCLE_PATCHES:
+        if patched in text:
+            continue
+        if text.count(release) != 1:
+            sys.exit(f"patch_horovod: expected one {release!r} in {path}")
+        text = text.replace(release, patched)
+    path.write_text(text)
+
+
 def main(source_dir):
+    patch_cycle(source_dir)
     path = pathlib.Path(source_dir) / "horovod" / "common" / "gloo" / "gloo_context.cc"
     text = path.read_text()
     start = text.index("void GlooContext::InitializeForProcessSet")

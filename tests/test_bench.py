@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hvd_dssync.bench import report
+from hvd_dssync.config import RACK_AVERAGE_EVERY
 from hvd_dssync.bench.scenarios import SCENARIOS, scenario, straggler_at, straggler_timetable
 from hvd_dssync.bench.testbed import Testbed, cleanup_stale, namespaces_available
 from hvd_dssync.bench.worker import CONTENDERS
@@ -318,11 +319,11 @@ def test_stop_signal_stops_every_rank_at_one_step_without_a_collective(tmp_path)
 @pytest.mark.multirank
 def test_the_default_senses_the_racks_behind_the_slow_link():
     """4 emulated hosts of one rank, 2 racks behind a 10x slower link: topology='auto' measures the racks and
-    the default schedule becomes the topology-aware one on them, averaging every 4 steps."""
+    the default schedule becomes the topology-aware one on them, averaging every RACK_AVERAGE_EVERY (2) steps."""
     outputs = _on_four_hosts_in_two_racks("torch_sensing_hosts.py", "dssync-default", timeout=120)
     (sensed,) = [json.loads(line[7:]) for line in outputs[0].splitlines() if line.startswith("SENSED ")]
     assert (sensed["how"], sensed["racks"], sensed["pairs"]) == ("measured", [[0, 1], [2, 3]], 6), sensed
-    assert sensed["schedule"] == "TopologyAware" and sensed["average_every"] == 4, sensed
+    assert sensed["schedule"] == "TopologyAware" and sensed["average_every"] == RACK_AVERAGE_EVERY, sensed
 
 
 def _on_four_hosts_in_two_racks(worker, contender, timeout):

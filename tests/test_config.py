@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_dssync.adaptive import AdaptivePolicy
-from hvd_dssync.config import SyncConfig, build_schedule
+from hvd_dssync.config import RACK_AVERAGE_EVERY, SyncConfig, build_schedule
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.schedules import Butterfly
 from hvd_dssync.topology import ENV_VAR, Topology
@@ -32,8 +32,8 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
         config, _ = SyncConfig(**arguments).resolve(sense, job)
         return config.average_every, config.plan_arguments()["average_every"]
 
-    assert every(sensed, topology="auto") == (4, 4)  # the one-line swap on sensed racks
-    assert every(nothing, topology=racks) == (4, 4)  # racks given, schedule not named
+    assert every(sensed, topology="auto") == (RACK_AVERAGE_EVERY,) * 2  # the one-line swap on sensed racks
+    assert every(nothing, topology=racks) == (RACK_AVERAGE_EVERY,) * 2  # racks given, schedule not named
     assert every(nothing, topology="auto") == (1, 1)  # one rack: random groups, every step
     assert every(nothing, schedule="topology", topology=racks) == (1, 1)  # the schedule named
     assert every(sensed, topology="auto", average_every=2) == (2, 2)  # given: kept

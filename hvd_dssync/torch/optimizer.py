@@ -397,7 +397,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         average_every: average every this many steps; the steps between are local, without communication
             (local SGD; with ``num_groups=1`` this is PyTorch's post-local SGD with period
             ``average_every``). ``global_every`` counts steps too, and the schedule advances once per
-            group average. Default (None): 4 where the optimizer picks the topology-aware schedule itself
+            group average. Default (None): 2 where the optimizer picks the topology-aware schedule itself
             (racks sensed or given, no ``schedule``), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
         average_buffers: set False to keep buffers local.

@@ -16,7 +16,7 @@ from common import averaged, check, crosses_hosts, step_groups
 hvd.init()
 RANK, SIZE = common.identify(hvd)
 SLOTS = int(sys.argv[1])
-STEPS = 16  # the default averages every 4 steps on racks, and crosses them at the 4th average
+STEPS = 16  # the default takes local steps on racks (2 per average) and crosses them at the 4th average
 
 layout, hosts = common.check_host_layout(hvd, hvd_tf.allgather_object, SLOTS)
 
