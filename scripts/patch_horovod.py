@@ -51,31 +51,27 @@ CYCLE_PATCHES = [
 ]
 
 
-def patch_cycle(source_dir):
-    path = pathlib.Path(source_dir) / "horovod" / "common" / "operations.cc"
-    text = path.read_text()
-    for release, patched in CYCLE_PATCHES:
+def _replace_once(text, patches, where):
+    """``text`` with each ``(release, patched)`` pair applied: ``release`` must occur once, unless the
+    text is patched already (the script may run twice on one tree)."""
+    for release, patched in patches:
         if patched in text:
             continue
         if text.count(release) != 1:
-            sys.exit(f"patch_horovod: expected one {release!r} in {path}")
+            sys.exit(f"patch_horovod: expected one {release!r} in {where}")
         text = text.replace(release, patched)
-    path.write_text(text)
+    return text
 
 
 def main(source_dir):
-    patch_cycle(source_dir)
-    path = pathlib.Path(source_dir) / "horovod" / "common" / "gloo" / "gloo_context.cc"
+    common = pathlib.Path(source_dir) / "horovod" / "common"
+    path = common / "operations.cc"
+    path.write_text(_replace_once(path.read_text(), CYCLE_PATCHES, path))
+    path = common / "gloo" / "gloo_context.cc"
     text = path.read_text()
     start = text.index("void GlooContext::InitializeForProcessSet")
     end = text.index("\n}\n", start)
-    body = text[start:end]
-    for broken, fixed in PATCHES:
-        if fixed in body:
-            continue
-        if body.count(broken) != 1:
-            sys.exit(f"patch_horovod: expected one '{broken}' in InitializeForProcessSet of {path}")
-        body = body.replace(broken, fixed)
+    body = _replace_once(text[start:end], PATCHES, f"InitializeForProcessSet of {path}")
     path.write_text(text[:start] + body + text[end:])
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for hvd_dssync: system packages, a pinned virtual environment, and Horovod 0.28.1
-# built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17, and for process
-# sets' Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, scripts/patch_horovod.py). The
+# built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17, for process sets'
+# Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, and for dynamic process sets agreed every
+# few cycles: scripts/patch_horovod.py). The
 # built wheel is cached outside the clone, keyed by versions and the patch level.
 set -euo pipefail
 
