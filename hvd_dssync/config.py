@@ -23,7 +23,7 @@ from .adaptive import AdaptivePolicy
 from .policy import Policy
 from .schedules import SCHEDULE_NAMES, Schedule, make_schedule, refuse_sizes_with_topology
 from .schedules.base import _check_int
-from .sensing import AUTO
+from .sensing import AUTO, Sensed
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
 
 __all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "default_average_every", "RACK_AVERAGE_EVERY",
@@ -306,8 +306,11 @@ class SyncConfig:
 
         ``sense(schedule, num_groups, group_size, topology, schedule_options, whole_job)`` is the adapter's
         :func:`hvd_dssync.sensing.default_topology`: ``topology="auto"`` becomes the sensed racks or None.
-        The schedule is then resolved (:func:`resolve_schedule`: None becomes "topology" or "shuffle"), and
-        ``average_every`` (:func:`default_average_every`: None becomes 4 on the default's racks, else 1), and
+        Where it sensed several hosts and no racks (one flat network), the default is one group of every rank
+        (``num_groups=1``): random groups gained nothing over Horovod's allreduce there and lost time to
+        it on the bench (docs/tuning.md). The schedule is then resolved (:func:`resolve_schedule`: None becomes
+        "topology" or "shuffle"), and
+        ``average_every`` (:func:`default_average_every`: None becomes 2 on the default's racks, else 1), and
         racks, where there are any, become the job's :class:`hvd_dssync.topology.Topology` through
         ``job_topology(spec)`` (the adapter's allgather of host names). Inside a process set
         (``in_process_set``) the topology-aware schedule is refused (:func:`refuse_topology_in_process_set`).
@@ -319,13 +322,16 @@ class SyncConfig:
         """
         topology, sensed = sense(self.schedule, self.num_groups, self.group_size, self.topology,
                                  self.schedule_options, not in_process_set)
-        schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, topology)[0]
+        num_groups = self.num_groups
+        if isinstance(sensed, Sensed) and sensed.racks is None and sensed.hosts > 1:
+            num_groups = 1  # hosts on one flat network: every rank averages every step
+        schedule = resolve_schedule(self.schedule, num_groups, self.group_size, topology)[0]
         # The adapters refuse the arguments first; HVD_DSSYNC_TOPOLOGY may make the resolved schedule so.
         refuse_topology_in_process_set(in_process_set, schedule, topology)
         if topology is not None or schedule == "topology":
             topology = job_topology(topology)
         every = default_average_every(self.average_every, self.schedule, schedule, self.policy)
-        return replace(self, schedule=schedule, topology=topology, average_every=every), sensed
+        return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups), sensed
 
     def adaptive(self):
         """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""

@@ -41,6 +41,23 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
     assert SyncConfig().plan_arguments()["average_every"] == 1  # unresolved: every step
 
 
+def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank(monkeypatch):
+    from hvd_dssync.sensing import Sensed
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    job = lambda topology: topology  # noqa: E731
+
+    def resolved(sensed, **arguments):
+        config, _ = SyncConfig(**arguments).resolve(lambda *a: (sensed.topology() if sensed else None, sensed), job)
+        return config.schedule, config.num_groups, config.average_every
+
+    flat = Sensed("measured", None, hosts=8)
+    assert resolved(flat, topology="auto") == ("shuffle", 1, 1)  # one group of every rank, every step
+    assert resolved(Sensed("not probed", None, hosts=20), topology="auto") == ("shuffle", 1, 1)
+    assert resolved(Sensed("one host", None), topology="auto") == ("shuffle", None, 1)  # random groups
+    assert resolved(None, topology="auto") == ("shuffle", None, 1)  # nothing sensed (arguments named it)
+
+
 @pytest.mark.parametrize("arguments,named", [
     ({"num_groups": 0}, "num_groups"), ({"group_size": 1.5}, "group_size"), ({"seed": -1}, "seed"),
     ({"seed": True}, "seed"), ({"schedule": "ring"}, "schedule"), ({"schedule": 3}, "schedule"),

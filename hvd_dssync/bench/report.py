@@ -26,7 +26,7 @@ def _ring_crossings(group, rack_of):
     return out
 
 
-def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
+def _groups_per_step(contender, steps, racks, config, sensed=None):
     """The groups each step averages over, or ``None`` for a step with no averaging."""
     size = sum(len(r) for r in racks)
     world = tuple(range(size))
@@ -56,10 +56,12 @@ def _groups_per_step(contender, steps, racks, config, sensed_racks=None):
     from .worker import dssync_arguments
 
     arguments = dssync_arguments(contender, dict(config, racks=racks))
-    if sensed_racks:  # the default schedule on the racks it sensed (dssync-default), at its default period
+    if sensed and sensed.get("racks"):  # the default on the racks it sensed (dssync-default), at its period
         from ..config import RACK_AVERAGE_EVERY
 
-        arguments = {"schedule": "topology", "topology": sensed_racks, "average_every": RACK_AVERAGE_EVERY}
+        arguments = {"schedule": "topology", "topology": sensed["racks"], "average_every": RACK_AVERAGE_EVERY}
+    elif sensed and sensed.get("hosts", 1) > 1:  # hosts on one flat network: one group of every rank
+        arguments = {"num_groups": 1}
     if "topology" in arguments:
         arguments["topology"] = Topology.from_racks(arguments["topology"])
     # Every rank's plan, as the optimizers build them: a step's groups are those its ranks average in.
@@ -88,14 +90,14 @@ def _binomial_crossings(group, rack_of):
     return out
 
 
-def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sensed_racks=None):
+def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sensed=None):
     """Ring-allreduce estimate of the bytes over the busiest inter-rack direction (steps only);
-    ``sensed_racks``: those the default schedule sensed and averaged in (dssync-default).
+    ``sensed``: what the default schedule sensed (dssync-default's record), which decides its groups.
     ``horovod-hierarchical``: Open MPI's coll/han with its simple allreduce, whose allreduce between one
     rank per host is a binomial reduce and broadcast (libnbc, in place), not a ring."""
     rack_of = {r: k for k, rack in enumerate(racks) for r in rack}
     per_direction = {}
-    for groups in _groups_per_step(contender, steps, racks, config, sensed_racks):
+    for groups in _groups_per_step(contender, steps, racks, config, sensed):
         for group in groups or ():
             n = len(group)
             if contender == "horovod-hierarchical":
@@ -139,8 +141,7 @@ def summarize(record, scenario, config):
         "final_accuracy": record["final_accuracy"], "rank0_accuracy": record["local_accuracy"],
         "sync_seconds": float(np.sum(record["sync_times"])), "compute_s_per_step": record["compute_seconds"],
         "bottleneck_bytes": None, "bottleneck_bytes_estimate": estimate_bottleneck_bytes(
-            record["contender"], steps, config["racks"], record["model_bytes"], config,
-            (sensed or {}).get("racks")),
+            record["contender"], steps, config["racks"], record["model_bytes"], config, sensed),
         "link_bound_s": None, "sync_to_link_bound": None,
     }
     if sensed is not None:
