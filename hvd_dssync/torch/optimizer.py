@@ -391,7 +391,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         topology: racks for schedule "topology" (a Topology, a JSON file, or lists of ranks); "auto" (the
             default) senses them once per job where no other DS-Sync argument names the schedule
             (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more make
-            the default schedule "topology" on them. ``opt.sensed`` says how, what and in how many seconds.
+            the default schedule "topology" on them, several hosts on one flat network one group of every
+            rank (``num_groups=1``). ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local, without communication
