@@ -36,7 +36,7 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
     assert every(nothing, topology=racks) == (RACK_AVERAGE_EVERY,) * 2  # racks given, schedule not named
     assert every(nothing, topology="auto") == (1, 1)  # one rack: random groups, every step
     assert every(nothing, schedule="topology", topology=racks) == (1, 1)  # the schedule named
-    assert every(sensed, topology="auto", average_every=2) == (2, 2)  # given: kept
+    assert every(sensed, topology="auto", average_every=3) == (3, 3)  # given: kept
     assert every(sensed, topology="auto", policy="adaptive")[0] == 1  # the adaptive policy sets its periods
     assert SyncConfig().plan_arguments()["average_every"] == 1  # unresolved: every step
 

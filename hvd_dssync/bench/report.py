@@ -11,8 +11,8 @@ import numpy as np
 
 from .worker import POSTLOCAL, period_of
 
-__all__ = ["summarize", "higher_target", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json", "targets",
-           "render_markdown", "PYTORCH_AVERAGERS"]
+__all__ = ["summarize", "higher_target", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json",
+           "targets", "render_markdown", "PYTORCH_AVERAGERS"]
 
 
 def _ring_crossings(group, rack_of):
@@ -55,14 +55,16 @@ def _groups_per_step(contender, steps, racks, config, sensed=None):
     from ..topology import Topology
     from .worker import dssync_arguments
 
-    arguments = dssync_arguments(contender, dict(config, racks=racks))
-    if sensed and sensed.get("racks"):  # the default on the racks it sensed (dssync-default), at its period
-        from ..config import RACK_AVERAGE_EVERY
+    if sensed:  # the default (dssync-default): resolved from what it sensed, as its optimizer resolved it
+        from ..config import SyncConfig
+        from ..sensing import Sensed
 
-        arguments = {"schedule": "topology", "topology": sensed["racks"], "average_every": RACK_AVERAGE_EVERY}
-    elif sensed and sensed.get("hosts", 1) > 1:  # hosts on one flat network: one group of every rank
-        arguments = {"num_groups": 1}
-    if "topology" in arguments:
+        found = Sensed(sensed["how"], sensed["racks"], hosts=sensed.get("hosts", 1))
+        resolved, _ = SyncConfig(topology="auto").resolve(lambda *a: (found.topology(), found), lambda t: t)
+        arguments = {k: v for k, v in resolved.plan_arguments().items() if k not in ("seed", "warmup_steps")}
+    else:
+        arguments = dssync_arguments(contender, dict(config, racks=racks))
+    if isinstance(arguments.get("topology"), list):
         arguments["topology"] = Topology.from_racks(arguments["topology"])
     # Every rank's plan, as the optimizers build them: a step's groups are those its ranks average in.
     plans = [SyncPlan(rank, size, seed=config["seed"], warmup_steps=config.get("warmup_steps", 0), **arguments)
@@ -231,7 +233,8 @@ def markdown_table(rows, target):
         lines.append(
             f"| {r['scenario']} | {r['contender']} | {r['steps']} | {r['median_step_s']:.3f} | "
             f"{r['throughput_samples_s']:.0f} | {_time_cell(r)} | "
-            f"{_fmt(r.get('time_to_higher_target_s'), '.1f', 'not reached')} | {r['final_accuracy']:.1%} | {mb} ({r['bottleneck_bytes_estimate'] / 1e6:.1f}) | "
+            f"{_fmt(r.get('time_to_higher_target_s'), '.1f', 'not reached')} | {r['final_accuracy']:.1%} | "
+            f"{mb} ({r['bottleneck_bytes_estimate'] / 1e6:.1f}) | "
             f"{_fmt(r['sync_to_link_bound'], '.2f')} |")
     return "\n".join(lines) + "\n"
 

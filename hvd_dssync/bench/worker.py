@@ -207,10 +207,10 @@ def _make_contender(name, model, config, rank, size):
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         else:
             kwargs = dssync_arguments(name, config)
-            registered = dssync_arguments(IDLE_SETS.get(name, name), config)
             if name in DYNAMIC_SETS:
                 hvd.init()
             else:
+                registered = dssync_arguments(IDLE_SETS.get(name, name), config)
                 dss.init(seed=config["seed"], **{k: v for k, v in registered.items() if k != "average_every"})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
