@@ -285,9 +285,8 @@ class SyncConfig:
 
     def __post_init__(self):
         # In the order the plan checks them: the policies, the schedule's resolution, the schedule.
-        every = 1 if self.average_every is None else self.average_every  # None: the default, see resolve()
-        AdaptivePolicy.resolve(self.policy, every, self.global_every)
-        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=every)
+        AdaptivePolicy.resolve(self.policy, self._every, self.global_every)
+        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self._every)
         racks = None if _is_auto(self.topology) else self.topology
         resolved = resolve_schedule(self.schedule, self.num_groups, self.group_size, racks)[0]
         _check_schedule(self.schedule, resolved, self.num_groups, self.group_size, self.seed)
@@ -333,14 +332,19 @@ class SyncConfig:
         every = default_average_every(self.average_every, self.schedule, schedule, self.policy)
         return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups), sensed
 
+    @property
+    def _every(self):
+        """``average_every``, with None (the default, until :meth:`resolve` chooses it) as every step."""
+        return 1 if self.average_every is None else self.average_every
+
     def adaptive(self):
         """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""
-        return AdaptivePolicy.resolve(self.policy, self.average_every or 1, self.global_every)
+        return AdaptivePolicy.resolve(self.policy, self._every, self.global_every)
 
     def plan_arguments(self):
         """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
         arguments = {key: getattr(self, key) for key in _PLAN_KEYS}
-        arguments["average_every"] = self.average_every or 1  # None where not resolved: the plain default
+        arguments["average_every"] = self._every
         adaptive = self.adaptive()
         if adaptive is not None:
             arguments["adaptive"] = adaptive.config()
