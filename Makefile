@@ -33,9 +33,10 @@ bench-loopback: setup
 bench-sparse: setup
 	$(PY) scripts/sparse_bench.py --ranks 4 --racks 2
 
-# Accuracy of DS-Sync's periods against Horovod's at a fixed epoch budget, 4 tasks (about 8 minutes).
+# Accuracy of DS-Sync's periods and PyTorch's averagers against Horovod's at a fixed epoch budget, 4 tasks
+# (about 15 minutes).
 bench-parity: setup
-	PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 1800 \
+	PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 2400 \
 	    horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2
 
 simulate: setup

@@ -1,18 +1,21 @@
-"""Accuracy parity of DS-Sync's local-step settings against Horovod's bulk-synchronous optimizer.
+"""Accuracy parity of DS-Sync's local-step settings, and of PyTorch's model averagers, against Horovod's
+bulk-synchronous optimizer.
 
 Run from the repository root with 4 ranks (the DS-Sync configurations use the topology-aware schedule on
-2 racks of 2); ``PYTHONPATH=.`` makes the ranks import this checkout's ``hvd_dssync``::
+2 racks of 2 unless they name a schedule; the hierarchical averagers average those racks);
+``PYTHONPATH=.`` makes the ranks import this checkout's ``hvd_dssync``::
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 1800 \\
+    PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 2400 \\
         horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2 --json parity.json
 
-The whole default run (4 tasks x 3 seeds x 6 configurations) takes about 8 minutes on 2 CPU cores.
+The whole default run (4 tasks x 3 seeds x 14 configurations) takes about 15 minutes on 2 CPU cores,
+most of it Horovod's own runs.
 
 One job loops over tasks x seeds x configurations, in the same order on every rank. Each configuration
 builds a fresh MLP from the seed, broadcasts it from rank 0, trains it for the task's fixed epoch budget
 (per-rank batch 32, disjoint shards of the training split, SGD with momentum 0.9 and lr = base_lr x ranks,
 Horovod's recipe, the same for every configuration), then evaluates on the task's 25% stratified test split.
-A DS-Sync configuration is evaluated twice: rank 0's own model, then the consensus model after
+A DS-Sync or averager configuration is evaluated twice: rank 0's own model, then the consensus model after
 ``hvd_dssync.torch.synchronize_models``. Horovod's model is the same on every rank, so both are its accuracy.
 
 Rank 0 prints one table per task: the median test accuracy over seeds (each seed in brackets) and its
@@ -31,6 +34,8 @@ import torch.nn.functional as F
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine, make_classification
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
+
+from hvd_dssync.bench.worker import AVERAGER_PERIODS, postlocal_optimizer
 
 RACKS = [[0, 1], [2, 3]]
 
@@ -57,7 +62,16 @@ CONFIGS = {
     "dssync-every-4": {"average_every": 4},
     "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
     "dssync-every-4-warmup": {"average_every": 4, "warmup_steps": "epoch"},
+    # Post-local SGD in DS-Sync (one group of every rank, every 4 steps): PyTorch's periodic averager's rule.
+    "dssync-one-group-every-4": {"schedule": "shuffle", "num_groups": 1, "average_every": 4},
+    # The racks every 4 steps and every rank every 16 (global_every): the hierarchical averager's rhythm.
+    "dssync-every-4-global-16": {"average_every": 4, "global_every": 16},
 }
+# PyTorch's post-local SGD averagers at the bench's periods, built as the bench builds them
+# (hvd_dssync.bench.worker.postlocal_optimizer: periodic every p; hierarchical, the rack every p/2 and all
+# every 2p), on torch.distributed's Gloo beside Horovod: the price in accuracy of the bench's fastest contender.
+AVERAGERS = {f"postlocal-{kind}-p{p}": p for kind in ("periodic", "hierarchical") for p in AVERAGER_PERIODS}
+CONFIGS.update(dict.fromkeys(AVERAGERS, "pytorch"))
 
 
 def parse_args():
@@ -112,17 +126,23 @@ def train_one(config, data, seed, epochs, args):
                                 torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, classes))
     opt = torch.optim.SGD(model.parameters(), lr=args.base_lr * size, momentum=0.9)
-    options = CONFIGS[config]
+    options, net = CONFIGS[config], model
     if options is None:
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif options == "pytorch":
+        from torch.nn.parallel import DistributedDataParallel
+        net = DistributedDataParallel(model)
+        opt = postlocal_optimizer(config, net, opt, AVERAGERS[config], RACKS, size)
     else:
         options = dict(options)
         if options.get("warmup_steps") == "epoch":
             options["warmup_steps"] = steps_per_epoch
-        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model,
-                                       topology=RACKS, **options)
+        if "schedule" not in options:
+            options["topology"] = RACKS  # the topology-aware schedule on the racks
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model, **options)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if options != "pytorch":
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     generator = torch.Generator().manual_seed(1000 * seed + rank)  # the same batches for every configuration
     started = time.perf_counter()
@@ -132,7 +152,7 @@ def train_one(config, data, seed, epochs, args):
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             opt.zero_grad()
-            F.cross_entropy(model(x_local[batch]), y_local[batch]).backward()
+            F.cross_entropy(net(x_local[batch]), y_local[batch]).backward()
             opt.step()
     seconds = time.perf_counter() - started
 
@@ -174,12 +194,29 @@ def print_tables(results, seeds, meta):
             print(f"{config:<24}{cells[0]}{cells[1]}{e['distance_median']:>10.1e}")
 
 
+def init_torch_distributed():
+    """torch.distributed's Gloo group for PyTorch's averagers, on a port rank 0 found free (every rank runs
+    on this host: the script is a single-host job)."""
+    import socket
+
+    import torch.distributed as dist
+    port = 0
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
+
+
 def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
     if hvd.size() != 4:
         raise SystemExit(f"run with 4 ranks (2 racks of 2), not {hvd.size()}")
+    if any(c in AVERAGERS for c in args.configs):
+        init_torch_distributed()
     results, meta = {}, {}
     started = time.perf_counter()
     for task in args.tasks:

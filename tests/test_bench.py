@@ -102,6 +102,9 @@ def test_estimated_bottleneck_bytes_follow_the_ring():
     # With local steps (period 4): one global average in 4 steps, as PostLocalSGD's periodic averager.
     assert report.estimate_bottleneck_bytes("dssync-local", 8, racks, 1000, config) == pytest.approx(2 * 1750)
     assert report.estimate_bottleneck_bytes("postlocal-periodic", 8, racks, 1000, config) == pytest.approx(2 * 1750)
+    # Every 4 steps and every rank every 16 (global_every): in 32 steps two global averages and one bridge.
+    assert report.estimate_bottleneck_bytes("dssync-topology-local-g16", 32, racks, 1000, config) \
+        == pytest.approx(2 * 1750 + 1000)
     # Open MPI's coll/han: inside each host, then a binomial reduce and broadcast over one rank per host;
     # the tree's edge between the racks carries the model once each way.
     for slots in (4, 2, 1):

@@ -24,7 +24,7 @@ from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
 __all__ = ["main", "CONTENDERS", "DSSYNC_CONTENDERS", "HOROVOD_BSP", "POSTLOCAL", "dssync_arguments",
-           "period_of"]
+           "period_of", "postlocal_optimizer"]
 
 # DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
 # one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
@@ -46,7 +46,12 @@ DSSYNC_CONTENDERS = {
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
     "dssync-topology-local-p2": ("topology", True),
     "dssync-topology-local-p8": ("topology", True),
+    "dssync-topology-local-g16": ("topology", True),
 }
+# Contenders that also average over every rank every so many steps (``global_every``): the topology-aware
+# schedule with a global average as the hierarchical averager takes them, which kept Horovod's accuracy at
+# 4 steps a period where the racks' bridges alone did not (docs/tuning.md).
+GLOBAL_EVERY = {"dssync-topology-local-g16": 16}
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
@@ -150,7 +155,7 @@ class Comm:
 
 def dssync_arguments(name, config):
     """``DistributedOptimizer``'s DS-Sync keywords for contender ``name`` (its ``dss.init`` ones but
-    ``average_every``).
+    ``average_every`` and ``global_every``).
 
     Example::
 
@@ -164,6 +169,8 @@ def dssync_arguments(name, config):
            "one group": dict(schedule="shuffle", num_groups=1), "default": {}}[schedule]
     if local:
         out["average_every"] = period_of(name, config)
+    if name in GLOBAL_EVERY:
+        out["global_every"] = GLOBAL_EVERY[name]
     return out
 
 
@@ -211,7 +218,8 @@ def _make_contender(name, model, config, rank, size):
                 hvd.init()
             else:
                 registered = dssync_arguments(IDLE_SETS.get(name, name), config)
-                dss.init(seed=config["seed"], **{k: v for k, v in registered.items() if k != "average_every"})
+                dss.init(seed=config["seed"], **{k: v for k, v in registered.items()
+                                                  if k not in ("average_every", "global_every")})
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
@@ -231,6 +239,15 @@ def _make_contender(name, model, config, rank, size):
     base = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
     if name == "ddp":
         return ddp, base, Comm("torch"), None
+    return ddp, postlocal_optimizer(name, ddp, base, period_of(name, config), racks, size, warmup), Comm("torch"), None
+
+
+def postlocal_optimizer(name, ddp, base, period, racks, size, warmup=0):
+    """PyTorch's post-local SGD for contender ``name`` ("postlocal-periodic..." or "postlocal-hierarchical..."):
+    ``ddp`` (a ``DistributedDataParallel`` of the model) allreduces gradients during the ``warmup`` steps only,
+    then ``base`` steps locally and PyTorch's averager averages the models: every ``period`` steps
+    (periodic), or the rack every ``period // 2`` and every rank every ``2 period`` (hierarchical; racks of
+    equal size, else all every ``2 period`` alone). The bench and ``scripts/parity.py`` build it alike."""
     from collections import OrderedDict
 
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
@@ -238,10 +255,8 @@ def _make_contender(name, model, config, rank, size):
     from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import HierarchicalModelAverager
     from torch.distributed.optim import PostLocalSGDOptimizer
 
-    # Gradients are allreduced globally during the warm-up only; afterwards the averager alone syncs.
     ddp.register_comm_hook(PostLocalSGDState(None, None, warmup, post_local_gradient_allreduce=False),
                            post_localSGD_hook)
-    period = period_of(name, config)
     if name.startswith("postlocal-periodic"):
         averager = PeriodicModelAverager(period=period, warmup_steps=warmup)
     else:
@@ -251,7 +266,7 @@ def _make_contender(name, model, config, rank, size):
             periods[max(1, period // 2)] = rack_size
         periods[period * 2] = size
         averager = HierarchicalModelAverager(periods, warmup_steps=warmup)
-    return ddp, PostLocalSGDOptimizer(base, averager), Comm("torch"), None
+    return PostLocalSGDOptimizer(base, averager)
 
 
 class StopSignal:
