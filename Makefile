@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-gloo-stalls test-core bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
+.PHONY: setup demo test test-core bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -13,9 +13,6 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests
-
-test-gloo-stalls: setup
-	HVD_DSSYNC_RUN_GLOO_STALLS=1 $(PY) -m pytest tests/test_torch.py -k "semantics and (gloo-np3 or gloo-np4) or rotating_bridges and gloo"
 
 test-core: setup
 	$(PY) -m pytest tests -m "not multirank"

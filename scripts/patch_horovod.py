@@ -1,5 +1,5 @@
-"""Patch an unpacked Horovod 0.28.1 sdist: two fixes to the Gloo contexts of process sets, and a cheaper
-cycle with dynamic process sets.
+"""Patch an unpacked Horovod 0.28.1 sdist: two fixes to the Gloo contexts of process sets, a cheaper
+cycle with dynamic process sets, and waits that do not starve Horovod's own threads.
 
 The fixes are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo/gloo_context.cc``):
 
@@ -21,6 +21,14 @@ The fixes are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo
    same cycles (each cycle negotiates the global set, a collective) and counts them from 0 at each start of
    the background loop, so all ranks still agree on the same cycles; a set added or removed waits up to
    that many cycles longer.
+
+4. **Waiting without starving the workers** (``horovod/torch/mpi_ops_v2.cc``, ``horovod/tensorflow/mpi_ops.cc``).
+   ``hvd.synchronize`` (every synchronous PyTorch op) and TensorFlow's in-place broadcast wait for Horovod's
+   background thread by calling ``sched_yield`` in a loop. Where ranks outnumber cores (tests, CI, a laptop),
+   the spinning Python threads keep the background and Gloo threads that do the work off the CPU: on a 2-core
+   machine (Linux 6.18) a 3-rank job's background and Gloo threads waited 0.4-0.6 s of every second for a
+   core, collectives that take milliseconds took seconds, and some ran past Gloo's 30 s timeout
+   (docs/reliability.md). The patch yields 16 times, then sleeps between polls, 50 microseconds doubling up to 1 ms.
 """
 import pathlib
 import sys
@@ -51,6 +59,30 @@ CYCLE_PATCHES = [
 ]
 
 
+# Waits: yield a few times, then sleep between polls (see 4 above).
+BACKOFF = ("if (++polls <= 16) { std::this_thread::yield(); } else { "
+           "std::this_thread::sleep_for(std::chrono::microseconds(pause_us)); "
+           "pause_us = pause_us < 1000 ? 2 * pause_us : 1000; }")
+WAIT_PATCHES = {
+    "torch/mpi_ops_v2.cc": [
+        ("void WaitAndClear(int handle) {\n  while (true) {\n",
+         "void WaitAndClear(int handle) {\n  int polls = 0, pause_us = 50;  // build patch: back off, see scripts/patch_horovod.py\n"
+         "  while (true) {\n"),
+        ("      py::gil_scoped_release release_python_gil;\n      std::this_thread::yield();\n",
+         "      py::gil_scoped_release release_python_gil;\n      " + BACKOFF + "\n"),
+    ],
+    "tensorflow/mpi_ops.cc": [
+        ("    while (!any_failures_and_tensors_done->first.load() &&\n"
+         "           any_failures_and_tensors_done->second.load() < num_variables_) {\n"
+         "      std::this_thread::yield();\n",
+         "    int polls = 0, pause_us = 50;  // build patch: back off, see scripts/patch_horovod.py\n"
+         "    while (!any_failures_and_tensors_done->first.load() &&\n"
+         "           any_failures_and_tensors_done->second.load() < num_variables_) {\n"
+         "      " + BACKOFF + "\n"),
+    ],
+}
+
+
 def _replace_once(text, patches, where):
     """``text`` with each ``(release, patched)`` pair applied: ``release`` must occur once, unless the
     text is patched already (the script may run twice on one tree)."""
@@ -64,6 +96,9 @@ def _replace_once(text, patches, where):
 
 
 def main(source_dir):
+    for name, patches in WAIT_PATCHES.items():
+        path = pathlib.Path(source_dir) / "horovod" / name
+        path.write_text(_replace_once(path.read_text(), patches, path))
     common = pathlib.Path(source_dir) / "horovod" / "common"
     path = common / "operations.cc"
     path.write_text(_replace_once(path.read_text(), CYCLE_PATCHES, path))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up for hvd_dssync: system packages, a pinned virtual environment, and Horovod 0.28.1
 # built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17, for process sets'
-# Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, and for dynamic process sets agreed every
-# few cycles: scripts/patch_horovod.py). The
-# built wheel is cached outside the clone, keyed by versions and the patch level.
+# Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, for dynamic process sets agreed every few
+# cycles, and for waits that sleep instead of spinning: scripts/patch_horovod.py). The built wheel is cached
+# outside the clone, keyed by versions and the patch level.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,7 +13,7 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.15.1
 CACHE="${HVD_DSSYNC_CACHE:-$HOME/.cache/hvd_dssync}"
-HOROVOD_PATCH=patch4  # raise with every change to the build's patches: a venv with another build is rebuilt
+HOROVOD_PATCH=patch6  # raise with every change to the build's patches: a venv with another build is rebuilt
 WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$HOROVOD_PATCH"
 HOROVOD_MARK="$VENV/.horovod-$HOROVOD_VERSION-$HOROVOD_PATCH"
 STAMP="$VENV/.hvd_dssync-setup-$(sha1sum "$ROOT/requirements.txt" "$0" | sha1sum | cut -c1-12)"
@@ -68,7 +68,8 @@ if [ ! -f "$HOROVOD_MARK" ] || \
         # C++17 for the whole tree: torch >= 2.1 needs it, and gloo must match (horovod PR #3998).
         sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
         sed -i 's/-std=c++11/-std=c++17/' "$src/third_party/gloo/CMakeLists.txt"
-        # Process sets: their Gloo contexts (interface, cross-host scope), and dynamic sets agreed every few cycles.
+        # Process sets: their Gloo contexts (interface, cross-host scope), dynamic sets agreed every few cycles;
+        # waits that sleep between polls.
         python3 "$ROOT/scripts/patch_horovod.py" "$src"
         grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
         grep -q 'c++17' "$src/third_party/gloo/CMakeLists.txt"

@@ -42,14 +42,6 @@ class JobFailed(AssertionError):
     pass
 
 
-# Jobs in which Horovod 0.28.1's Gloo controller was seen to stall (every rank in a Gloo collective until its
-# timeout; cause open, docs/reliability.md "Gloo stalls with changing groups"). Quarantined: `make test` skips
-# them with this reason, `make test-gloo-stalls` runs them alone. Never retried.
-RUN_GLOO_STALLS = os.environ.get("HVD_DSSYNC_RUN_GLOO_STALLS") == "1"
-GLOO_STALL = pytest.mark.skipif(not RUN_GLOO_STALLS, reason="quarantined: Horovod's Gloo controller stalled in this "
-                                "job (cause open, docs/reliability.md); make test-gloo-stalls runs it")
-
-
 def command(launcher, np, argv):
     """The launch command line for ``argv`` (a Python script and its arguments) on ``np`` ranks."""
     bin_dir = os.path.dirname(sys.executable)

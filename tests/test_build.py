@@ -1,5 +1,6 @@
 """The project's Horovod build (scripts/setup.sh, scripts/patch_horovod.py): the patch for dynamic process sets
-is in the library, and sets added and removed while training still agree with it."""
+is in the library, sets added and removed while training still agree with it, and a rank waiting for a
+late peer leaves the core to the threads that do the work."""
 import glob
 import os
 
@@ -28,3 +29,12 @@ def test_dynamic_sets_agree_when_checked_every_64_cycles(launcher):
     ranks still register and remove every set together (an allreduce in each, unnamed ops between)."""
     output = run(launcher, 3, "dynamic_sets.py", timeout=120, env={"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY": "64"})
     assert output.count("all checks passed") == 3, output
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_waiting_rank_leaves_the_core(launcher):
+    """Rank 0's main thread waits 3 s in ``hvd.allreduce`` for rank 1 using under a quarter of that in CPU time
+    (a spinning wait uses all of it)."""
+    output = run(launcher, 2, "wait_cpu.py", timeout=120)
+    assert output.count("all checks passed") == 2, output

@@ -3,13 +3,12 @@ import json
 
 import pytest
 
-from multirank import GLOO_STALL, LAUNCHERS, ROOT, matrix, run
+from multirank import LAUNCHERS, ROOT, matrix, run
 
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("launcher,np", [pytest.param(*p.values, id=p.id, marks=GLOO_STALL)
-                                         if p.id in ("gloo-np3", "gloo-np4") else p for p in matrix()])
+@pytest.mark.parametrize("launcher,np", matrix())
 def test_semantics(launcher, np):
     """Group means step by step, schedule agreement, sync, drop-in arguments, policies, unnamed ops."""
     output = run(launcher, np, "torch_semantics.py", timeout=300)
@@ -28,7 +27,7 @@ def test_static_process_sets_from_dss_init(launcher):
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher", [pytest.param("gloo", marks=GLOO_STALL), "mpi"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_static_process_sets_for_rotating_bridges(launcher):
     """dss.init registers every window's groups of a topology schedule whose bridges rotate: no dynamic mode."""
     output = run(launcher, 4, "torch_semantics.py", "--init", "static-topology")
