@@ -40,7 +40,7 @@ PATCHES = [
 ]
 
 
-# (what the release has, what the patch makes it), each once in horovod/common/operations.cc.
+# Dynamic process sets agreed every few cycles (see 3 above), in horovod/common/operations.cc.
 CYCLE_PATCHES = [
     ("bool RunLoopOnce(HorovodGlobalState& state);\n",
      "bool RunLoopOnce(HorovodGlobalState& state);\n\n"
@@ -60,14 +60,14 @@ CYCLE_PATCHES = [
 
 
 # Waits: yield a few times, then sleep between polls (see 4 above).
+BACKOFF_STATE = "int polls = 0, pause_us = 50;  // build patch: back off, see scripts/patch_horovod.py"
 BACKOFF = ("if (++polls <= 16) { std::this_thread::yield(); } else { "
            "std::this_thread::sleep_for(std::chrono::microseconds(pause_us)); "
            "pause_us = pause_us < 1000 ? 2 * pause_us : 1000; }")
 WAIT_PATCHES = {
     "torch/mpi_ops_v2.cc": [
         ("void WaitAndClear(int handle) {\n  while (true) {\n",
-         "void WaitAndClear(int handle) {\n  int polls = 0, pause_us = 50;  // build patch: back off, see scripts/patch_horovod.py\n"
-         "  while (true) {\n"),
+         "void WaitAndClear(int handle) {\n  " + BACKOFF_STATE + "\n  while (true) {\n"),
         ("      py::gil_scoped_release release_python_gil;\n      std::this_thread::yield();\n",
          "      py::gil_scoped_release release_python_gil;\n      " + BACKOFF + "\n"),
     ],
@@ -75,12 +75,15 @@ WAIT_PATCHES = {
         ("    while (!any_failures_and_tensors_done->first.load() &&\n"
          "           any_failures_and_tensors_done->second.load() < num_variables_) {\n"
          "      std::this_thread::yield();\n",
-         "    int polls = 0, pause_us = 50;  // build patch: back off, see scripts/patch_horovod.py\n"
+         "    " + BACKOFF_STATE + "\n"
          "    while (!any_failures_and_tensors_done->first.load() &&\n"
          "           any_failures_and_tensors_done->second.load() < num_variables_) {\n"
          "      " + BACKOFF + "\n"),
     ],
 }
+
+# Whole-file patches, by path under horovod/: (what the release has, what the patch makes it), each once.
+FILE_PATCHES = {"common/operations.cc": CYCLE_PATCHES, **WAIT_PATCHES}
 
 
 def _replace_once(text, patches, where):
@@ -96,13 +99,10 @@ def _replace_once(text, patches, where):
 
 
 def main(source_dir):
-    for name, patches in WAIT_PATCHES.items():
+    for name, patches in FILE_PATCHES.items():
         path = pathlib.Path(source_dir) / "horovod" / name
         path.write_text(_replace_once(path.read_text(), patches, path))
-    common = pathlib.Path(source_dir) / "horovod" / "common"
-    path = common / "operations.cc"
-    path.write_text(_replace_once(path.read_text(), CYCLE_PATCHES, path))
-    path = common / "gloo" / "gloo_context.cc"
+    path = pathlib.Path(source_dir) / "horovod" / "common" / "gloo" / "gloo_context.cc"
     text = path.read_text()
     start = text.index("void GlooContext::InitializeForProcessSet")
     end = text.index("\n}\n", start)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from multirank import run
+from multirank import LAUNCHERS, run
 
 
 def _horovod_library():
@@ -23,7 +23,7 @@ def test_the_built_horovod_agrees_on_dynamic_sets_every_few_cycles():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_dynamic_sets_agree_when_checked_every_64_cycles(launcher):
     """Sets added and removed with one rank late to each registration: with the check every 64 cycles the
     ranks still register and remove every set together (an allreduce in each, unnamed ops between)."""
@@ -32,7 +32,7 @@ def test_dynamic_sets_agree_when_checked_every_64_cycles(launcher):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_waiting_rank_leaves_the_core(launcher):
     """Rank 0's main thread waits 3 s in ``hvd.allreduce`` for rank 1 using under a quarter of that in CPU time
     (a spinning wait uses all of it)."""

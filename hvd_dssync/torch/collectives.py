@@ -1,6 +1,7 @@
 """Horovod's blocking collectives, waited for without keeping a core busy.
 
-``hvd.synchronize`` waits in a loop that only yields the core (``std::this_thread::yield``), so a rank
+``hvd.synchronize`` as released waits in a loop that only yields the core (``std::this_thread::yield``;
+the Horovod that scripts/setup.sh builds backs off to sleeps itself, scripts/patch_horovod.py), so a rank
 waiting for its group's average keeps a core busy until the average lands. Where ranks share cores (more
 ranks than cores, or ranks beside data loaders), that busy wait takes the core from the ranks still
 computing and from the Horovod threads that move the bytes. Here a rank sleeps between polls instead,
