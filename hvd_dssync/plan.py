@@ -107,6 +107,23 @@ class SyncPlan:
             return Action(LOCAL, (self.rank,))
         return Action(kind, self.world)
 
+    def bridge(self, step):
+        """How this rank averages at ``step`` when it crosses the racks on an exact bridge
+        (:class:`hvd_dssync.schedules.Bridge`), else ``None``. What the adapters do with it: scale what
+        they send by ``scale``, then keep ``carry`` times the move of the average and add it to what they
+        send in their next group average (:func:`carry_fate`).
+
+        Example::
+
+            >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+            ...                 average_every=2)
+            >>> [plan.bridge(t) for t in range(8)][5:]
+            [None, None, Bridge(scale=1.0, carry=1.0)]
+        """
+        if (self.adaptive or self.policy).action(step) != GROUP:
+            return None
+        return self.schedule.bridge(self.rank, self._schedule_step(step))
+
     def partition(self, step):
         """Every group that averages at ``step``, on any rank: the schedule's partition, all ranks together for
         a bulk-synchronous or global step, none for a local step. Where knowledge carried by the averages
@@ -143,6 +160,19 @@ class SyncPlan:
         if self.adaptive is not None:
             config["adaptive"] = self.adaptive.policy.config()
         return config
+
+
+def carry_fate(kind):
+    """What a bridge's carry (:meth:`SyncPlan.bridge`) waiting on a rank does at a step of ``kind``: "add" it
+    to what the rank sends (a group average: the rank's next group follows the bridge's move), "drop" it (a
+    global or bulk-synchronous step reaches the average of all ranks on its own) or "keep" it (a local step).
+
+    Example::
+
+        >>> carry_fate(GROUP), carry_fate(GLOBAL), carry_fate(LOCAL)
+        ('add', 'drop', 'keep')
+    """
+    return {GROUP: "add", LOCAL: "keep"}.get(kind, "drop")
 
 
 def first_crossing(schedule, warmup_steps, averages, horizon=256):
@@ -329,4 +359,4 @@ def check_ranks_agree(allgather, plan, parameters=None, options=None, what="hvd_
     return check_agreement(allgather(mine), what=what)
 
 
-__all__ += ["first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]
+__all__ += ["carry_fate", "first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]

@@ -4,6 +4,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -128,6 +129,52 @@ def test_topology_aware_bridges_every_rack_pair_within_a_period():
     assert any(len({topology.rack_of(r) for r in g}) == 3 for g in bridge), bridge
     assert all(len({topology.rack_of(r) for r in g}) == 1 for g in schedule.groups(0))
 
+
+
+def _bridge_then_rack(schedule, step, x):
+    """Two steps of averaging as the adapters do them around an exact bridge at ``step``: returns the models."""
+    n = schedule.world_size
+    bridges = [schedule.bridge(r, step) for r in range(n)]
+    sent = np.array([x[r] * (b.scale if b else 1.0) for r, b in enumerate(bridges)])
+    after = np.empty_like(x)
+    for group in schedule.groups(step):
+        after[list(group)] = sent[list(group)].mean(axis=0)
+    carry = np.array([(after[r] - x[r]) * (b.carry if b else 0.0) for r, b in enumerate(bridges)])
+    final = np.empty_like(x)
+    for group in schedule.groups(step + 1):
+        final[list(group)] = (after[list(group)] + carry[list(group)]).mean(axis=0)
+    return final
+
+
+@settings(max_examples=60, deadline=None)
+@given(racks_strategy, st.integers(1, 3), st.integers(1, 3), st.sampled_from([None, 1, 2]))
+def test_exact_bridges_keep_the_mean_and_reach_it_where_every_bridge_spans_every_rack(sizes, intra_steps, max_cross,
+                                                                                      rotate):
+    """From racks each in consensus (after a step inside them), the exact bridge and the racks' next average
+    give every rank the average over all ranks, whatever the racks' sizes: the bridge weighs each rack by its
+    ranks. Where a small rack sits out some bridge group the mean is still kept (nothing is lost)."""
+    topology = topology_from_sizes(sizes)
+    schedule = TopologyAware(topology, intra_steps=intra_steps, max_cross_groups=max_cross, rotate_every=rotate)
+    n = topology.world_size
+    rng = np.random.default_rng(len(sizes) * 100 + intra_steps)
+    rack_models = rng.standard_normal((len(sizes), 3))
+    x = np.array([rack_models[topology.rack_of(r)] for r in range(n)])
+    step = intra_steps + (intra_steps + 1)  # the second bridge step
+    assert any(schedule.crosses(g) for g in schedule.groups(step)) or len(sizes) == 1
+    final = _bridge_then_rack(schedule, step, x)
+    assert np.allclose(final.mean(axis=0), x.mean(axis=0))
+    if len(sizes) > 1 and min(sizes) >= max_cross:
+        assert np.allclose(final, x.mean(axis=0)), (sizes, schedule.groups(step))
+
+
+def test_plain_bridges_take_in_a_rack_size_share():
+    plain = TopologyAware(topology_from_sizes([4, 4]), intra_steps=1, exact_bridges=False)
+    assert plain.bridge(0, 1) is None and plain.config()["exact_bridges"] is False
+    x = np.array([[0.0]] * 4 + [[8.0]] * 4)
+    assert _bridge_then_rack(plain, 1, x)[0, 0] == 1.0  # a quarter of the way to the mean, 4
+    assert np.allclose(_bridge_then_rack(TopologyAware(topology_from_sizes([4, 4]), intra_steps=1), 1, x), 4.0)
+    with pytest.raises(TypeError, match="exact_bridges"):
+        TopologyAware(topology_from_sizes([2, 2]), exact_bridges=1)
 
 
 def test_topology_aware_fixed_bridges_need_steps_inside_the_racks():

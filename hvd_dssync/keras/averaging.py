@@ -2,8 +2,8 @@
 
 A step's average is one grouped allreduce of the averaged variables on the Horovod process set of the
 step's group, picked in the graph by ``tf.switch_case``, with the step guard's signature riding along.
-Around it: the embedding tables averaged by their rows (:mod:`.sparse_rows`) and the reference for lossy
-compression.
+Around it: exact bridges (a bridge rank's move carried into its rack's next average), the embedding tables
+averaged by their rows (:mod:`.sparse_rows`) and the reference for lossy compression.
 """
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -32,6 +32,7 @@ class Averaging:
         self._owner = owner
         # Lossy compression's shared reference per variable, and whether it was set (see _average_differences).
         self._references, self._reference_set = {}, None
+        self._carries = {}  # per variable, what an exact bridge left to add to the next group average
 
     def forget_reference(self):
         """After a change of world: the next average after the warm-up sets the reference again."""
@@ -124,6 +125,11 @@ class Averaging:
             values = [None if v.ref() in by_rows else tf.identity(v) for v in variables]
         bits = owner.guard.signature(step, variables[0].dtype)
         writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
+        # Tables averaged by their rows: the bridge averages plainly.
+        bridged = owner.bridges is not None and not any(v.ref() in by_rows for v in variables)
+        if bridged:
+            own, carries = values, [self._carry_of(v) for v in variables]
+            values = self._contribution(values, carries, branch)
         if owner.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
         elif any(v.ref() in by_rows for v in variables):
@@ -141,8 +147,14 @@ class Averaging:
         sizes = tf.constant([1, owner.plan.world_size] + [len(g) for g in owner._groups], tf.int32)
         with tf.control_dependencies([ended]):
             checked = owner.guard.check(means, step, tf.gather(sizes, branch))
+        carried = []
+        if bridged:
+            factor = tf.gather(tf.constant(owner.bridges[1]), branch)
+            keep = tf.equal(branch, owner.KEEP_BRANCH)
+            carried = [c.assign(tf.where(keep, c, tf.cast(factor, a.dtype) * (a - o)))
+                       for c, a, o in zip(carries, averaged, own)]
         with tf.control_dependencies([checked]):
-            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)],
+            return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)], *carried,
                             *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
 
     def allreduce(self, values, process_set, kind):
@@ -152,6 +164,21 @@ class Averaging:
                                      process_set=process_set, device_dense=owner.device_dense,
                                      ignore_name_scope=True,
                                      name=f"{owner.name}_{kind}_{process_set.process_set_id}")
+
+    def _contribution(self, values, carries, branch):
+        """What this rank sends at ``branch``: its ``values`` plus the carries waiting (group branches), times
+        its bridge's scale (the owner's ``bridges`` table)."""
+        scales, _, adds = self._owner.bridges
+        scale, add = tf.gather(tf.constant(scales), branch), tf.gather(tf.constant(adds), branch)
+        return [v * tf.cast(scale, v.dtype) + c * tf.cast(add, v.dtype) for v, c in zip(values, carries)]
+
+    def _carry_of(self, variable):
+        key = variable.ref()
+        if key not in self._carries:
+            with tf.init_scope():
+                self._carries[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                                 name="dssync_bridge_carry")
+        return self._carries[key]
 
     def _reference_of(self, variable):
         key = variable.ref()

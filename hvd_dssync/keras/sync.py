@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, LOCAL, check_ranks_agree
+from ..plan import BSP, GLOBAL, GROUP, LOCAL, Action, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
@@ -131,6 +131,7 @@ class StepSync:
         self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
                                      if plan.rank in g and 1 < len(g) < plan.world_size}))
         self._table = self._branch_table()
+        self.bridges = self._bridge_table()
         if plan.adaptive is not None:
             self.adaptive.use(self._table)
 
@@ -269,6 +270,26 @@ class StepSync:
             return self.adaptive.table(start)
         period = policy.period() * len(schedule.partitions(0))
         return np.array([self.branch_of(start + i) for i in range(period)], dtype=np.int32)
+
+    def _bridge_table(self):
+        """This rank's exact bridges by switch branch, or None where it never crosses on one: ``(scales,
+        carries, adds)``, float arrays indexed by branch. What the rank sends is its model times ``scales``
+        plus ``adds`` times the carry waiting (the group branches add it, the global one drops it), and after
+        the average it carries ``carries`` times its move (:meth:`hvd_dssync.plan.SyncPlan.bridge`). The
+        schedule has one endless window here, so a group's bridge is the same wherever it comes round."""
+        schedule, rank = self.plan.schedule, self.plan.rank
+        size = self.FIRST_GROUP_BRANCH + len(self._groups)
+        scales, carries, found = np.ones(size), np.zeros(size), False
+        for at in range(len(schedule.partitions(0))):
+            bridge = schedule.bridge(rank, at)
+            if bridge is None or (bridge.scale == 1.0 and not bridge.carry):
+                continue
+            branch = self.branch_of(None, Action(GROUP, schedule.group_of(rank, at)))
+            scales[branch], carries[branch], found = bridge.scale, bridge.carry, True
+        if not found:
+            return None
+        adds = np.array([0.0] * self.FIRST_GROUP_BRANCH + [1.0] * len(self._groups))
+        return scales, carries, adds
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""

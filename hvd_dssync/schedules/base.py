@@ -1,9 +1,10 @@
 """The base of every schedule: partitions, windows, and the checks all schedules share."""
 import abc
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Schedule", "canonical_partition", "validate_partition", "SCHEDULE_NAMES"]
+__all__ = ["Schedule", "Bridge", "canonical_partition", "validate_partition", "SCHEDULE_NAMES"]
 
 SCHEDULE_NAMES = ("shuffle", "butterfly", "topology")
 
@@ -43,6 +44,18 @@ def validate_partition(groups, world_size, what="partition"):
     if len(seen) != world_size:
         missing = sorted(set(range(world_size)) - set(seen))
         raise ValueError(f"{what} leaves ranks {missing} out of every group: {groups}")
+
+
+class Bridge(NamedTuple):
+    """How a rank averages when it crosses the racks on an *exact bridge* (:meth:`Schedule.bridge`).
+
+    ``scale`` multiplies the rank's model in the bridge's average, so that the average weighs each rack by
+    the ranks it speaks for; ``carry`` is how many times the move the average made (averaged minus the
+    model before) the rank adds to what it sends in its next group average, so that its whole next group
+    makes the same move.
+    """
+    scale: float
+    carry: float
 
 
 def _check_int(name, value, minimum):
@@ -122,6 +135,11 @@ class Schedule(abc.ABC):
 
     def crosses(self, group):
         """Whether ``group`` spans more than one rack: ``None`` where the schedule knows no racks."""
+        return None
+
+    def bridge(self, rank, step):
+        """How ``rank`` averages at ``step`` if its group there is an exact bridge (:class:`Bridge`), else
+        ``None``: plain averaging, what every schedule but the topology-aware one does."""
         return None
 
     def window_groups(self, window):

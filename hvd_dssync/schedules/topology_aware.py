@@ -1,7 +1,7 @@
 """Averaging inside racks, crossing the slow links with few groups (:class:`TopologyAware`)."""
 import math
 
-from .base import Schedule, _check_int, canonical_partition
+from .base import Bridge, Schedule, _check_int, canonical_partition
 
 __all__ = ["TopologyAware"]
 
@@ -27,6 +27,8 @@ class TopologyAware(Schedule):
         max_cross_groups: groups that may cross the slow links at a bridge step.
         rotate_every: periods before the bridge ranks change; ``None`` (the default) keeps the first
             bridges forever (one endless window: static process sets).
+        exact_bridges: carry the bridge's move into the rack's next average (True, the default), or average
+            the bridge group plainly (False).
 
     Example::
 
@@ -36,7 +38,10 @@ class TopologyAware(Schedule):
         (((0, 1), (2, 3)), ((0, 2), (1,), (3,)))
     """
 
-    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None):
+    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None, exact_bridges=True):
+        if not isinstance(exact_bridges, bool):
+            raise TypeError(f"Arg ``exact_bridges`` must be True or False, got {exact_bridges!r}.")
+        self.exact_bridges = exact_bridges
         self.topology = topology
         self.world_size = topology.world_size
         self.intra_steps = _check_int("intra_steps", intra_steps, 0)
@@ -90,6 +95,38 @@ class TopologyAware(Schedule):
         """
         return len({self._rack_of[r] for r in group}) > 1
 
+    def bridge(self, rank, step):
+        """How ``rank`` averages at ``step`` when its group there crosses the racks on an exact bridge
+        (:class:`hvd_dssync.schedules.Bridge`), else ``None``.
+
+        Each member ``r`` of the bridge group speaks for its next group ``g_r`` (the step after: its rack),
+        shared with the ``b_r`` ranks of ``g_r`` that crossed at ``step``: weight ``w_r = |g_r| / b_r``. The
+        bridge's average is the ``w``-weighted mean of its members (scale ``w_r * k / sum(w)`` for ``k``
+        members, in a plain average), and ``r`` adds ``w_r - 1`` times its move to what it sends in ``g_r``'s
+        average, so that ``g_r``'s mean makes the move too. After both averages, with no local step in
+        between, every rank holds the exact average of all ranks. ``None`` where a member's next group
+        crosses the racks as well (``intra_steps=0``): that bridge averages plainly.
+
+        Example::
+
+            >>> from hvd_dssync.topology import Topology
+            >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5]]), intra_steps=1)
+            >>> t.groups(1), t.bridge(0, 1), t.bridge(4, 1), t.bridge(1, 1), t.bridge(0, 0)
+            (((0, 4), (1, 2, 3), (5,)), Bridge(scale=1.3333333333333333, carry=3.0), Bridge(scale=0.6666666666666666, carry=1.0), None, None)
+        """
+        group = self.group_of(rank, step)
+        if not self.exact_bridges or not self.crosses(group):
+            return None
+        crossed = {r for g in self.groups(step) if self.crosses(g) for r in g}
+        following = self.groups(step + 1)
+        weights = {}
+        for member in group:
+            after = next(g for g in following if member in g)
+            if self.crosses(after):
+                return None
+            weights[member] = len(after) / sum(r in crossed for r in after)
+        return Bridge(scale=weights[rank] * len(group) / sum(weights.values()), carry=weights[rank] - 1.0)
+
     def windows_repeat(self):
         """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``
         windows; the schedule's after the least common multiple over its racks.
@@ -108,4 +145,4 @@ class TopologyAware(Schedule):
     def config(self):
         return {"name": "topology", "world_size": self.world_size, "racks": [list(r) for r in self.racks],
                 "intra_steps": self.intra_steps, "max_cross_groups": self.max_cross_groups,
-                "rotate_every": self.rotate_every}
+                "rotate_every": self.rotate_every, "exact_bridges": self.exact_bridges}

@@ -2,8 +2,9 @@
 
 A step's average is one grouped allreduce of the parameters the optimizer trains and the model's
 floating-point buffers, on the Horovod process set of the step's group, with the step guard's signature
-riding along. Around it: the window's process sets, averaging in flight (``overlap``), the reference for
-lossy compression, and the outer momentum step.
+riding along. Around it: the window's process sets, exact bridges (a bridge rank's move carried into its
+rack's next average), averaging in flight (``overlap``), the reference for lossy compression, and the outer
+momentum step.
 """
 import time
 
@@ -11,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..plan import GLOBAL, LOCAL, ring_allreduce_bytes
+from ..plan import GLOBAL, LOCAL, carry_fate, ring_allreduce_bytes
 from . import collectives
 
 __all__ = ["Averaging"]
@@ -49,6 +50,7 @@ class Averaging:
         self._reference = None
         self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
         self._pending = None
+        self._carry = None  # what an exact bridge left to add to this rank's next group average
 
     def tensors(self):
         """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
@@ -65,9 +67,11 @@ class Averaging:
         return tensors
 
     def forget(self):
-        """The world changed: the average in flight died with it, and the reference is set again."""
+        """The world changed: the average in flight died with it, the reference is set again, and a bridge's
+        carry (for racks of the old world) is dropped."""
         self._pending = None
         self._reference = None
+        self._carry = None
 
     def enter_window(self):
         """Register the process sets of the schedule's window at this step and release the last window's, when
@@ -110,6 +114,7 @@ class Averaging:
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             owner._record(action, 0.0, 0)
             return
+        carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
         self.enter_window()
         if self.compression is not hvd.Compression.none and self._reference is None:
             self._establish_reference(action)
@@ -135,6 +140,7 @@ class Averaging:
             with guard.bounded(action, step):
                 named, writes, gathered_bytes, unions = sparse.rows_to_average(named, action, process_set, name)
         tensors = [t for _, t in named]
+        bridge = owner._plan.bridge(step) if sparse.row_sets is None else None  # rows: the bridge averages plainly
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
         # Rides along, uncompressed, so that the members find out if they are at different steps.
@@ -142,12 +148,14 @@ class Averaging:
         started = time.perf_counter()
         if self.overlap:
             sent = [t.detach().clone() for t in tensors]
-            received = [t.clone() for t in sent]
+            received = self._contribution([t.clone() for t in sent], bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
             self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
-                             started, sent_bytes)
+                             started, sent_bytes, bridge)
             return
+        before = [t.clone() for t in tensors] if bridge is not None and bridge.carry else None
+        self._contribution(tensors, bridge, carry)
         with guard.bounded(action, step):
             if self.compression is hvd.Compression.none and owner._plan.adaptive is not None:
                 signature = owner._adaptive.average(tensors, signature, name, process_set, action)
@@ -157,6 +165,8 @@ class Averaging:
             else:
                 sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
         guard.check(signature * len(action.group), action, process_set, step)
+        if before is not None:
+            self._carry = [(t - b).mul_(bridge.carry) for t, b in zip(tensors, before)]
         with torch.no_grad():
             for table, index, rows in writes:
                 table.index_copy_(0, index, rows)
@@ -176,7 +186,7 @@ class Averaging:
             # the model keeps this rank's own update.
             self._pending = None
             return
-        handle, tensors, sent, received, signature, action, step, process_set, started, nbytes = self._pending
+        handle, tensors, sent, received, signature, action, step, process_set, started, nbytes, bridge = self._pending
         self._pending = None
         with owner._guard.bounded(action, step):
             collectives.wait(handle)
@@ -184,8 +194,22 @@ class Averaging:
         with torch.no_grad():
             for tensor, before, averaged in zip(tensors, sent, received):
                 tensor.add_(averaged - before)
+        if bridge is not None and bridge.carry:
+            self._carry = [(averaged - before).mul_(bridge.carry) for before, averaged in zip(sent, received)]
         self._outer_step()
         owner._record(action, time.perf_counter() - started, nbytes)
+
+    @staticmethod
+    def _contribution(tensors, bridge, carry):
+        """Make ``tensors`` (in place) what this rank sends: plus the carry an exact bridge left, times the
+        bridge's scale when this step is one (:meth:`hvd_dssync.plan.SyncPlan.bridge`). Returns them."""
+        with torch.no_grad():
+            for k, t in enumerate(tensors):
+                if carry is not None:
+                    t.add_(carry[k])
+                if bridge is not None and bridge.scale != 1.0:
+                    t.mul_(bridge.scale)
+        return tensors
 
     def _process_set_of(self, action):
         """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
@@ -265,6 +289,14 @@ class Averaging:
     def load_outer_state(self, outer):
         """Anchors and momentum saved by :meth:`outer_state` (None: the next average sets them)."""
         self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
+
+    def carry_state(self):
+        """What an exact bridge left to add to this rank's next group average, copied; None if nothing."""
+        return None if self._carry is None else [c.clone() for c in self._carry]
+
+    def load_carry_state(self, carry):
+        """A carry saved by :meth:`carry_state` (None: nothing to carry)."""
+        self._carry = None if carry is None else list(carry)
 
     def average_gradients(self):
         """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does."""

@@ -3,7 +3,7 @@
 It carries the step (so that a resumed job continues the schedule where it stopped), the plan's configuration
 and the arguments it was built with (its :class:`hvd_dssync.config.SyncConfig`'s
 :meth:`~hvd_dssync.config.SyncConfig.plan_data`, checked on loading), the adaptive policy's state, the
-sparse rows in play and the outer momentum.
+sparse rows in play, the outer momentum and what an exact bridge left to carry into the next average.
 """
 __all__ = ["dssync_state", "load_dssync_state"]
 
@@ -27,6 +27,9 @@ def dssync_state(optimizer):
     outer = optimizer._averaging.outer_state()
     if outer is not None:
         state["outer"] = outer
+    carry = optimizer._averaging.carry_state()
+    if carry is not None:
+        state["bridge_carry"] = carry
     return state
 
 
@@ -57,6 +60,8 @@ def load_dssync_state(optimizer, saved):
     if plan.adaptive is not None and "adaptive" in saved:
         plan.adaptive.load(saved["adaptive"])
     optimizer._averaging.load_outer_state(saved.get("outer"))
+    # Another world has other racks: its bridges' carries mean nothing here.
+    optimizer._averaging.load_carry_state(saved.get("bridge_carry") if same_world else None)
     # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.
     optimizer._sparse.load(saved.get("sparse_rows", {}))
 

@@ -94,15 +94,35 @@ def expected_values(plan, size, steps, overlap=False, skipped=()):
     With ``overlap`` an average lands one step late; ``skipped`` steps (a loss-scale optimizer's, on overflow)
     count but neither update nor average.
     """
-    values = [float(r) for r in range(size)]
+    values, carries = [float(r) for r in range(size)], [0.0] * size
     history = []
     for t in range(steps):
         if not overlap or t > 0:
             step = t - 1 if overlap else t
             if step not in skipped:
-                values = averaged(values, step_groups(plan, step, size)[1])
+                values, carries = averaged_step(plan, step, size, values, carries)
         history.append(values[:])
     return history
+
+
+def averaged_step(plan, step, size, values, carries):
+    """``(values, carries)`` after ``plan``'s averages at ``step``, exact bridges included: at a group step each
+    rank sends its value plus what a bridge left it to carry, times its bridge's scale (``schedule.bridge``),
+    and a bridge rank then carries ``carry`` times its move; a global or bulk-synchronous step drops the
+    carries, a local step keeps them."""
+    kind, groups = step_groups(plan, step, size)
+    if kind == "local":
+        return values, carries
+    if kind != "group":
+        return averaged(values, groups), [0.0] * size
+    at = plan.policy.schedule_step(step)
+    bridges = [plan.schedule.bridge(r, at) for r in range(size)]
+    sent = [(values[r] + carries[r]) * (1.0 if b is None else b.scale) for r, b in enumerate(bridges)]
+    new = averaged(sent, [g for g in groups if len(g) > 1])
+    for r, b in enumerate(bridges):
+        if all(len(g) == 1 for g in groups if r in g):
+            new[r] = values[r]  # a rank alone keeps its model; the carry goes
+    return new, [0.0 if b is None else (new[r] - values[r]) * b.carry for r, b in enumerate(bridges)]
 
 
 def simulate(ranks, schedule, policy, values, grads, lr, steps):

@@ -203,6 +203,10 @@ def check_static_topology():
     check(os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") in ("0", ""),
           "dss.init left Horovod's dynamic process sets on for a topology schedule whose windows repeat")
     model, opt = check_group_means("topology", topology=halves(SIZE), schedule_options=ROTATING)
+    # Racks at step 0, the exact bridge at 1, racks at 2: every rank holds the mean of all ranks' start values.
+    mean = (SIZE - 1) / 2
+    history = common.expected_values(opt._plan, SIZE, 3)
+    check(abs(history[2][RANK] - mean) < 1e-9, f"the bridge's model after the racks' average: {history[2]}")
     check(len({opt.schedule.groups(t) for t in range(9)}) > 2, "the bridges never rotated in 9 steps")
     used = {opt._scope.to_global(g) for t in range(9) for g in opt.schedule.groups(t) if len(g) < SIZE}
     registry = opt._registry
