@@ -27,11 +27,15 @@ from .sensing import AUTO, Sensed
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
 
 __all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "default_average_every", "RACK_AVERAGE_EVERY",
+           "FLAT_AVERAGE_EVERY",
            "build_schedule", "arguments_for_world", "refuse_topology_in_process_set"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
 # given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
-RACK_AVERAGE_EVERY = 2
+RACK_AVERAGE_EVERY = 4
+# ``average_every`` where the optimizer sensed several hosts on one flat network and averages over every rank
+# (post-local SGD): docs/tuning.md has the measurements.
+FLAT_AVERAGE_EVERY = 8
 
 
 def default_group_size(world_size):
@@ -92,22 +96,30 @@ def resolve_schedule(schedule, num_groups, group_size, topology):
     return schedule, num_groups, group_size
 
 
-def default_average_every(average_every, schedule_given, schedule, policy=None):
-    """``average_every`` as given, or its default (``None``): :data:`RACK_AVERAGE_EVERY` where the schedule
-    was not named (``schedule_given`` None, the one-line swap) and resolved to the topology-aware one (racks
-    sensed or given) under the fixed policy, else 1. A pure function: every rank decides alike.
+def default_average_every(average_every, schedule_given, schedule, policy=None, flat_hosts=False):
+    """``average_every`` as given, or its default (``None``) under the fixed policy where the schedule was not
+    named (``schedule_given`` None, the one-line swap): :data:`RACK_AVERAGE_EVERY` where it resolved to the
+    topology-aware one (racks sensed or given), :data:`FLAT_AVERAGE_EVERY` where the optimizer sensed hosts on
+    one flat network (``flat_hosts``: one group of every rank); else 1. A pure function: every rank decides
+    alike.
 
     Example::
 
         >>> default_average_every(None, None, "topology"), default_average_every(None, "topology", "topology")
-        (2, 1)
+        (4, 1)
         >>> default_average_every(None, None, "shuffle"), default_average_every(2, None, "topology")
         (1, 2)
+        >>> default_average_every(None, None, "shuffle", flat_hosts=True)
+        8
     """
     if average_every is not None:
         return average_every
     fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
-    return RACK_AVERAGE_EVERY if schedule_given is None and schedule == "topology" and fixed else 1
+    if schedule_given is not None or not fixed:
+        return 1
+    if schedule == "topology":
+        return RACK_AVERAGE_EVERY
+    return FLAT_AVERAGE_EVERY if flat_hosts else 1
 
 
 def build_schedule(world_size, schedule="shuffle", num_groups=None, group_size=None, seed=0, topology=None,
@@ -309,7 +321,8 @@ class SyncConfig:
         (``num_groups=1``): random groups gained nothing over Horovod's allreduce there and lost time to
         it on the bench (docs/tuning.md). The schedule is then resolved (:func:`resolve_schedule`: None becomes
         "topology" or "shuffle"), and
-        ``average_every`` (:func:`default_average_every`: None becomes 2 on the default's racks, else 1), and
+        ``average_every`` (:func:`default_average_every`: None becomes :data:`RACK_AVERAGE_EVERY` on the
+        default's racks, :data:`FLAT_AVERAGE_EVERY` on a flat network of hosts, else 1), and
         racks, where there are any, become the job's :class:`hvd_dssync.topology.Topology` through
         ``job_topology(spec)`` (the adapter's allgather of host names). Inside a process set
         (``in_process_set``) the topology-aware schedule is refused (:func:`refuse_topology_in_process_set`).
@@ -322,14 +335,15 @@ class SyncConfig:
         topology, sensed = sense(self.schedule, self.num_groups, self.group_size, self.topology,
                                  self.schedule_options, not in_process_set)
         num_groups = self.num_groups
-        if isinstance(sensed, Sensed) and sensed.racks is None and sensed.hosts > 1:
-            num_groups = 1  # hosts on one flat network: every rank averages every step
+        flat_hosts = isinstance(sensed, Sensed) and sensed.racks is None and sensed.hosts > 1
+        if flat_hosts:
+            num_groups = 1  # hosts on one flat network: every rank averages together
         schedule = resolve_schedule(self.schedule, num_groups, self.group_size, topology)[0]
         # The adapters refuse the arguments first; HVD_DSSYNC_TOPOLOGY may make the resolved schedule so.
         refuse_topology_in_process_set(in_process_set, schedule, topology)
         if topology is not None or schedule == "topology":
             topology = job_topology(topology)
-        every = default_average_every(self.average_every, self.schedule, schedule, self.policy)
+        every = default_average_every(self.average_every, self.schedule, schedule, self.policy, flat_hosts)
         return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups), sensed
 
     @property

@@ -60,10 +60,14 @@ CONFIGS = {
     "dssync-every-1": {"average_every": 1},
     "dssync-every-2": {"average_every": 2},
     "dssync-every-4": {"average_every": 4},
+    "dssync-every-8": {"average_every": 8},
+    "dssync-every-8-plain-bridges": {"average_every": 8, "schedule_options": {"exact_bridges": False}},
+    "dssync-every-8-global-32": {"average_every": 8, "global_every": 32},
     "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
     "dssync-every-4-warmup": {"average_every": 4, "warmup_steps": "epoch"},
     # Post-local SGD in DS-Sync (one group of every rank, every 4 steps): PyTorch's periodic averager's rule.
     "dssync-one-group-every-4": {"schedule": "shuffle", "num_groups": 1, "average_every": 4},
+    "dssync-one-group-every-8": {"schedule": "shuffle", "num_groups": 1, "average_every": 8},
     # The racks every 4 steps and every rank every 16 (global_every): the hierarchical averager's rhythm.
     "dssync-every-4-global-16": {"average_every": 4, "global_every": 16},
 }

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_dssync.adaptive import AdaptivePolicy
-from hvd_dssync.config import RACK_AVERAGE_EVERY, SyncConfig, build_schedule
+from hvd_dssync.config import FLAT_AVERAGE_EVERY, RACK_AVERAGE_EVERY, SyncConfig, build_schedule
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.schedules import Butterfly
 from hvd_dssync.topology import ENV_VAR, Topology
@@ -41,7 +41,7 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
     assert SyncConfig().plan_arguments()["average_every"] == 1  # unresolved: every step
 
 
-def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank(monkeypatch):
+def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank_with_local_steps(monkeypatch):
     from hvd_dssync.sensing import Sensed
 
     monkeypatch.delenv(ENV_VAR, raising=False)
@@ -52,8 +52,9 @@ def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank(monk
         return config.schedule, config.num_groups, config.average_every
 
     flat = Sensed("measured", None, hosts=8)
-    assert resolved(flat, topology="auto") == ("shuffle", 1, 1)  # one group of every rank, every step
-    assert resolved(Sensed("not probed", None, hosts=20), topology="auto") == ("shuffle", 1, 1)
+    assert resolved(flat, topology="auto") == ("shuffle", 1, FLAT_AVERAGE_EVERY)  # one group of every rank
+    assert resolved(Sensed("not probed", None, hosts=20), topology="auto") == ("shuffle", 1, FLAT_AVERAGE_EVERY)
+    assert resolved(flat, topology="auto", average_every=1) == ("shuffle", 1, 1)  # given: kept
     assert resolved(Sensed("one host", None), topology="auto") == ("shuffle", None, 1)  # random groups
     assert resolved(None, topology="auto") == ("shuffle", None, 1)  # nothing sensed (arguments named it)
 

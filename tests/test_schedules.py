@@ -131,16 +131,21 @@ def test_topology_aware_bridges_every_rack_pair_within_a_period():
 
 
 
-def _bridge_then_rack(schedule, step, x):
-    """Two steps of averaging as the adapters do them around an exact bridge at ``step``: returns the models."""
+def _bridge_then_rack(schedule, step, agreed, now=None):
+    """Two steps of averaging as the adapters do them around an exact bridge at ``step``: ``agreed`` are the
+    models right after the last average, ``now`` the current ones (``agreed`` plus local steps). A bridge rank
+    sends its agreed model times its scale and adds the move to its own; the others send their models."""
+    now = agreed if now is None else now
     n = schedule.world_size
     bridges = [schedule.bridge(r, step) for r in range(n)]
-    sent = np.array([x[r] * (b.scale if b else 1.0) for r, b in enumerate(bridges)])
-    after = np.empty_like(x)
+    sent = np.array([now[r] if b is None else agreed[r] * b.scale for r, b in enumerate(bridges)])
+    averaged = sent.copy()
     for group in schedule.groups(step):
-        after[list(group)] = sent[list(group)].mean(axis=0)
-    carry = np.array([(after[r] - x[r]) * (b.carry if b else 0.0) for r, b in enumerate(bridges)])
-    final = np.empty_like(x)
+        averaged[list(group)] = sent[list(group)].mean(axis=0)
+    moves = np.array([np.zeros_like(now[r]) if b is None else averaged[r] - agreed[r] for r, b in enumerate(bridges)])
+    after = np.array([averaged[r] if b is None else now[r] + moves[r] for r, b in enumerate(bridges)])
+    carry = np.array([moves[r] * (b.carry if b else 0.0) for r, b in enumerate(bridges)])
+    final = np.empty_like(now)
     for group in schedule.groups(step + 1):
         final[list(group)] = (after[list(group)] + carry[list(group)]).mean(axis=0)
     return final
@@ -150,29 +155,33 @@ def _bridge_then_rack(schedule, step, x):
 @given(racks_strategy, st.integers(1, 3), st.integers(1, 3), st.sampled_from([None, 1, 2]))
 def test_exact_bridges_keep_the_mean_and_reach_it_where_every_bridge_spans_every_rack(sizes, intra_steps, max_cross,
                                                                                       rotate):
-    """From racks each in consensus (after a step inside them), the exact bridge and the racks' next average
-    give every rank the average over all ranks, whatever the racks' sizes: the bridge weighs each rack by its
-    ranks. Where a small rack sits out some bridge group the mean is still kept (nothing is lost)."""
+    """From racks that each agreed on a model at their last average, the exact bridge and the racks' next
+    average move every rack to the average of all ranks' agreed models, whatever the racks' sizes (the bridge
+    weighs each rack by its ranks), and each rack keeps its ranks' local steps since: nothing is lost. Where a
+    small rack sits out some bridge group the mean is still kept."""
     topology = topology_from_sizes(sizes)
     schedule = TopologyAware(topology, intra_steps=intra_steps, max_cross_groups=max_cross, rotate_every=rotate)
     n = topology.world_size
     rng = np.random.default_rng(len(sizes) * 100 + intra_steps)
     rack_models = rng.standard_normal((len(sizes), 3))
-    x = np.array([rack_models[topology.rack_of(r)] for r in range(n)])
+    agreed = np.array([rack_models[topology.rack_of(r)] for r in range(n)])
+    local = rng.standard_normal((n, 3))  # each rank's local steps since the last average
     step = intra_steps + (intra_steps + 1)  # the second bridge step
     assert any(schedule.crosses(g) for g in schedule.groups(step)) or len(sizes) == 1
-    final = _bridge_then_rack(schedule, step, x)
-    assert np.allclose(final.mean(axis=0), x.mean(axis=0))
+    final = _bridge_then_rack(schedule, step, agreed, agreed + local)
+    assert np.allclose(final.mean(axis=0), (agreed + local).mean(axis=0))
     if len(sizes) > 1 and min(sizes) >= max_cross:
-        assert np.allclose(final, x.mean(axis=0)), (sizes, schedule.groups(step))
+        kept = np.array([local[list(topology.rack_ranks()[topology.rack_of(r)])].mean(axis=0) for r in range(n)])
+        assert np.allclose(final, agreed.mean(axis=0) + kept), (sizes, schedule.groups(step))
 
 
 def test_plain_bridges_take_in_a_rack_size_share():
     plain = TopologyAware(topology_from_sizes([4, 4]), intra_steps=1, exact_bridges=False)
-    assert plain.bridge(0, 1) is None and plain.config()["exact_bridges"] is False
+    assert plain.bridge(0, 1) is None and plain.config()["exact_bridges"] is False and not plain.has_bridges
     x = np.array([[0.0]] * 4 + [[8.0]] * 4)
     assert _bridge_then_rack(plain, 1, x)[0, 0] == 1.0  # a quarter of the way to the mean, 4
-    assert np.allclose(_bridge_then_rack(TopologyAware(topology_from_sizes([4, 4]), intra_steps=1), 1, x), 4.0)
+    exact = TopologyAware(topology_from_sizes([4, 4]), intra_steps=1)
+    assert exact.has_bridges and np.allclose(_bridge_then_rack(exact, 1, x), 4.0)
     with pytest.raises(TypeError, match="exact_bridges"):
         TopologyAware(topology_from_sizes([2, 2]), exact_bridges=1)
 

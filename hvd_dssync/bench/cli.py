@@ -88,6 +88,10 @@ def build_parser():
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per contender and scenario, interleaved (each contender once, then again); the "
                         "table and the targets take the medians")
+    p.add_argument("--vary-seed", action="store_true",
+                   help="run k of --repeat uses seed + k (data order, initial model, batches; the same for "
+                        "every contender in that run): the medians then cover the training's luck, not only "
+                        "the timing's")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds before one contender's job is killed")
     p.add_argument("--out", default="bench-results", help="folder for results.json, results.md and the PNGs")
     p.add_argument("--loopback", action="store_true", help="run on loopback even where namespaces work")
@@ -211,19 +215,20 @@ def main(argv=None):
                 print(f"  [{setting['name']}] {contender}"
                       + (f" (run {run + 1} of {args.repeat})" if args.repeat > 1 else "") + " ...", flush=True)
                 t0 = time.monotonic()
+                run_config = dict(job_config, seed=config["seed"] + run) if args.vary_seed else job_config
                 try:
                     if launchers[contender] == "bench":
-                        record = run_contender(bed, contender, job_config, args.timeout,
+                        record = run_contender(bed, contender, run_config, args.timeout,
                                                rate_changes=setting["rate_changes"])
                     else:
-                        record = run_launched_contender(bed, launchers[contender], contender, job_config,
+                        record = run_launched_contender(bed, launchers[contender], contender, run_config,
                                                         args.timeout, rate_changes=setting["rate_changes"])
                 except JobFailed as e:
                     print(f"    FAILED: {e}", file=sys.stderr)
                     failures.append({"scenario": setting["name"], "contender": contender, "run": run,
                                      "error": str(e)[-4000:]})
                     continue
-                row = report.summarize(record, setting, job_config)
+                row = report.summarize(record, setting, run_config)
                 run_rows.append(row)
                 runs.append({"scenario": setting["name"], "contender": contender, "run": run, "record": record})
                 print(f"    {row['steps']} steps, median {row['median_step_s']:.3f} s, final accuracy "

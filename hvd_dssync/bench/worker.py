@@ -47,11 +47,15 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local-p2": ("topology", True),
     "dssync-topology-local-p8": ("topology", True),
     "dssync-topology-local-g16": ("topology", True),
+    "dssync-topology-local-plain": ("topology", True),
 }
 # Contenders that also average over every rank every so many steps (``global_every``): the topology-aware
 # schedule with a global average as the hierarchical averager takes them, which kept Horovod's accuracy at
 # 4 steps a period where the racks' bridges alone did not (docs/tuning.md).
 GLOBAL_EVERY = {"dssync-topology-local-g16": 16}
+# Contenders whose bridges average plainly (``exact_bridges=False``): a rack takes in a rack size's share of
+# the others' model per crossing, not all of it (what the exact bridges buy).
+PLAIN_BRIDGES = {"dssync-topology-local-plain"}
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
@@ -171,6 +175,8 @@ def dssync_arguments(name, config):
         out["average_every"] = period_of(name, config)
     if name in GLOBAL_EVERY:
         out["global_every"] = GLOBAL_EVERY[name]
+    if name in PLAIN_BRIDGES:
+        out["schedule_options"] = {"exact_bridges": False}
     return out
 
 

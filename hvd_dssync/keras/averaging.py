@@ -32,7 +32,9 @@ class Averaging:
         self._owner = owner
         # Lossy compression's shared reference per variable, and whether it was set (see _average_differences).
         self._references, self._reference_set = {}, None
-        self._carries = {}  # per variable, what an exact bridge left to add to the next group average
+        # Per variable, for exact bridges: what one left to add to the next group average, and the model the
+        # last average left (what a bridge sends).
+        self._carries, self._agreed = {}, {}
 
     def forget_reference(self):
         """After a change of world: the next average after the warm-up sets the reference again."""
@@ -128,8 +130,10 @@ class Averaging:
         # Tables averaged by their rows: the bridge averages plainly.
         bridged = owner.bridges is not None and not any(v.ref() in by_rows for v in variables)
         if bridged:
-            own, carries = values, [self._carry_of(v) for v in variables]
-            values = self._contribution(values, carries, branch)
+            own = values
+            carries = [self._kept(self._carries, v) for v in variables]
+            agreed = [self._kept(self._agreed, v) for v in variables]
+            base, values = self._contribution(own, carries, agreed, branch)
         if owner.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
         elif any(v.ref() in by_rows for v in variables):
@@ -147,13 +151,15 @@ class Averaging:
         sizes = tf.constant([1, owner.plan.world_size] + [len(g) for g in owner._groups], tf.int32)
         with tf.control_dependencies([ended]):
             checked = owner.guard.check(means, step, tf.gather(sizes, branch))
-        carried = []
-        if bridged:
-            factor = tf.gather(tf.constant(owner.bridges[1]), branch)
-            keep = tf.equal(branch, owner.KEEP_BRANCH)
-            carried = [c.assign(tf.where(keep, c, tf.cast(factor, a.dtype) * (a - o)))
-                       for c, a, o in zip(carries, averaged, own)]
         with tf.control_dependencies([checked]):
+            carried = []
+            if bridged:  # a crossing moves the model by what the average moved the agreed one
+                crossing, _, factors, _ = (tf.gather(tf.constant(t), branch) for t in owner.bridges)
+                keep = tf.equal(branch, owner.KEEP_BRANCH)
+                moves = [a - b for a, b in zip(averaged, base)]
+                averaged = [tf.where(crossing > 0, o + m, a) for o, m, a in zip(own, moves, averaged)]
+                carried = [c.assign(tf.where(keep, c, tf.cast(factors, m.dtype) * m)) for c, m in zip(carries, moves)]
+                carried += [k.assign(tf.where(keep, k, a)) for k, a in zip(agreed, averaged)]
             return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)], *carried,
                             *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
 
@@ -165,20 +171,22 @@ class Averaging:
                                      ignore_name_scope=True,
                                      name=f"{owner.name}_{kind}_{process_set.process_set_id}")
 
-    def _contribution(self, values, carries, branch):
-        """What this rank sends at ``branch``: its ``values`` plus the carries waiting (group branches), times
-        its bridge's scale (the owner's ``bridges`` table)."""
-        scales, _, adds = self._owner.bridges
-        scale, add = tf.gather(tf.constant(scales), branch), tf.gather(tf.constant(adds), branch)
-        return [v * tf.cast(scale, v.dtype) + c * tf.cast(add, v.dtype) for v, c in zip(values, carries)]
+    def _contribution(self, values, carries, agreed, branch):
+        """``(base, sent)`` at ``branch`` (the owner's ``bridges`` table): a crossing sends the model the last
+        average left (``agreed``) times its scale, any other branch its ``values`` plus the carries waiting
+        (group branches); ``base`` is what the average's move is measured from, unscaled."""
+        crossing, scales, _, adds = (tf.gather(tf.constant(t), branch) for t in self._owner.bridges)
+        base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, values)]
+        return base, [b * tf.cast(scales, b.dtype) + c * tf.cast(adds, b.dtype) for b, c in zip(base, carries)]
 
-    def _carry_of(self, variable):
+    def _kept(self, store, variable):
+        """``store``'s variable for ``variable`` (a carry, or the model the last average left), made on first use."""
         key = variable.ref()
-        if key not in self._carries:
+        if key not in store:
             with tf.init_scope():
-                self._carries[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                                 name="dssync_bridge_carry")
-        return self._carries[key]
+                store[key] = tf.Variable(variable.read_value() if store is self._agreed else tf.zeros(
+                    variable.shape, variable.dtype), trainable=False, name="dssync_bridge")
+        return store[key]
 
     def _reference_of(self, variable):
         key = variable.ref()

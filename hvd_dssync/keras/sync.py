@@ -272,24 +272,25 @@ class StepSync:
         return np.array([self.branch_of(start + i) for i in range(period)], dtype=np.int32)
 
     def _bridge_table(self):
-        """This rank's exact bridges by switch branch, or None where it never crosses on one: ``(scales,
-        carries, adds)``, float arrays indexed by branch. What the rank sends is its model times ``scales``
-        plus ``adds`` times the carry waiting (the group branches add it, the global one drops it), and after
-        the average it carries ``carries`` times its move (:meth:`hvd_dssync.plan.SyncPlan.bridge`). The
-        schedule has one endless window here, so a group's bridge is the same wherever it comes round."""
+        """This rank's exact bridges by switch branch, or None where it never crosses on one: ``(crossing,
+        scales, carries, adds)``, float arrays indexed by branch (:meth:`hvd_dssync.plan.SyncPlan.bridge`).
+        At a ``crossing`` branch the rank sends the model its last average left times ``scales`` and adds the
+        average's move to its model; at the others it sends its model plus ``adds`` times the carry waiting
+        (the group branches add it, the global one drops it); after the average it carries ``carries``
+        times its move. The schedule has one endless window here, so a group's bridge is the same wherever
+        it comes round."""
         schedule, rank = self.plan.schedule, self.plan.rank
         size = self.FIRST_GROUP_BRANCH + len(self._groups)
-        scales, carries, found = np.ones(size), np.zeros(size), False
+        crossing, scales, carries = np.zeros(size), np.ones(size), np.zeros(size)
         for at in range(len(schedule.partitions(0))):
             bridge = schedule.bridge(rank, at)
-            if bridge is None or (bridge.scale == 1.0 and not bridge.carry):
-                continue
-            branch = self.branch_of(None, Action(GROUP, schedule.group_of(rank, at)))
-            scales[branch], carries[branch], found = bridge.scale, bridge.carry, True
-        if not found:
+            if bridge is not None:
+                branch = self.branch_of(None, Action(GROUP, schedule.group_of(rank, at)))
+                crossing[branch], scales[branch], carries[branch] = 1.0, bridge.scale, bridge.carry
+        if not crossing.any():
             return None
         adds = np.array([0.0] * self.FIRST_GROUP_BRANCH + [1.0] * len(self._groups))
-        return scales, carries, adds
+        return crossing, scales, carries, adds
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""

@@ -49,10 +49,11 @@ def validate_partition(groups, world_size, what="partition"):
 class Bridge(NamedTuple):
     """How a rank averages when it crosses the racks on an *exact bridge* (:meth:`Schedule.bridge`).
 
-    ``scale`` multiplies the rank's model in the bridge's average, so that the average weighs each rack by
-    the ranks it speaks for; ``carry`` is how many times the move the average made (averaged minus the
-    model before) the rank adds to what it sends in its next group average, so that its whole next group
-    makes the same move.
+    The rank sends not its model but the one it held right after its last average (its rack's, which every
+    member of the rack held alike), times ``scale``, so that the bridge's average weighs each rack by the
+    ranks it speaks for. The move the average makes (averaged minus what it sent, unscaled) is added to the
+    rank's model, and ``carry`` times that move to what it sends in its next group average, so that its
+    whole next group makes the same move. Nobody's local steps since the last average are lost.
     """
     scale: float
     carry: float
@@ -141,6 +142,12 @@ class Schedule(abc.ABC):
         """How ``rank`` averages at ``step`` if its group there is an exact bridge (:class:`Bridge`), else
         ``None``: plain averaging, what every schedule but the topology-aware one does."""
         return None
+
+    @property
+    def has_bridges(self):
+        """Whether any step may be an exact bridge: the adapters then keep each rank's model as it was right
+        after its last average, which a bridge sends (:class:`Bridge`)."""
+        return False
 
     def window_groups(self, window):
         """The distinct groups of one window: what must be registered while it runs."""

@@ -101,11 +101,13 @@ class TopologyAware(Schedule):
 
         Each member ``r`` of the bridge group speaks for its next group ``g_r`` (the step after: its rack),
         shared with the ``b_r`` ranks of ``g_r`` that crossed at ``step``: weight ``w_r = |g_r| / b_r``. The
-        bridge's average is the ``w``-weighted mean of its members (scale ``w_r * k / sum(w)`` for ``k``
-        members, in a plain average), and ``r`` adds ``w_r - 1`` times its move to what it sends in ``g_r``'s
-        average, so that ``g_r``'s mean makes the move too. After both averages, with no local step in
-        between, every rank holds the exact average of all ranks. ``None`` where a member's next group
-        crosses the racks as well (``intra_steps=0``): that bridge averages plainly.
+        bridge's average is the ``w``-weighted mean of what its members send (their models as of their last
+        average, each scaled by ``w_r * k / sum(w)`` for ``k`` members, in a plain average); ``r`` adds its
+        move to its model and ``w_r - 1`` times it to what it sends in ``g_r``'s average, so that ``g_r``'s
+        mean makes the move too. From racks that each agreed on a model at their last average, every rack
+        then moves to the average of all ranks' agreed models, plus its own local steps since. ``None``
+        where a member's next group crosses the racks as well (``intra_steps=0``): that bridge averages
+        plainly.
 
         Example::
 
@@ -126,6 +128,10 @@ class TopologyAware(Schedule):
                 return None
             weights[member] = len(after) / sum(r in crossed for r in after)
         return Bridge(scale=weights[rank] * len(group) / sum(weights.values()), carry=weights[rank] - 1.0)
+
+    @property
+    def has_bridges(self):
+        return self.exact_bridges and len(self.racks) > 1
 
     def windows_repeat(self):
         """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``

@@ -51,6 +51,7 @@ class Averaging:
         self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
         self._pending = None
         self._carry = None  # what an exact bridge left to add to this rank's next group average
+        self._agreed = None  # the model right after this rank's last average: what an exact bridge sends
 
     def tensors(self):
         """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
@@ -72,6 +73,7 @@ class Averaging:
         self._pending = None
         self._reference = None
         self._carry = None
+        self._agreed = None
 
     def enter_window(self):
         """Register the process sets of the schedule's window at this step and release the last window's, when
@@ -147,32 +149,34 @@ class Averaging:
         signature = guard.signature(tensors)
         started = time.perf_counter()
         if self.overlap:
-            sent = [t.detach().clone() for t in tensors]
+            sent = self._agreed_models(tensors) if bridge is not None else [t.detach().clone() for t in tensors]
             received = self._contribution([t.clone() for t in sent], bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
             self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
                              started, sent_bytes, bridge)
             return
-        before = [t.clone() for t in tensors] if bridge is not None and bridge.carry else None
-        self._contribution(tensors, bridge, carry)
+        # A bridge averages copies of the model this rank agreed on with its rack; anything else, the model.
+        sent = self._agreed_models(tensors) if bridge is not None else None
+        work = self._contribution(tensors if sent is None else [t.clone() for t in sent], bridge, carry)
         with guard.bounded(action, step):
             if self.compression is hvd.Compression.none and owner._plan.adaptive is not None:
-                signature = owner._adaptive.average(tensors, signature, name, process_set, action)
+                signature = owner._adaptive.average(work, signature, name, process_set, action)
             elif self.compression is hvd.Compression.none:
-                collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average,
+                collectives.grouped_allreduce_(work + [signature], name=name, op=hvd.Average,
                                                process_set=process_set)
             else:
-                sent_bytes, signature = self._average_differences(tensors, action, process_set, name, signature)
+                sent_bytes, signature = self._average_differences(work, action, process_set, name, signature)
         guard.check(signature * len(action.group), action, process_set, step)
-        if before is not None:
-            self._carry = [(t - b).mul_(bridge.carry) for t, b in zip(tensors, before)]
+        if sent is not None:
+            self._cross(tensors, sent, work, bridge)
         with torch.no_grad():
             for table, index, rows in writes:
                 table.index_copy_(0, index, rows)
         if unions is not None:
             sparse.averaged(unions, action)
         self._outer_step()
+        self._remember(tensors)
         owner._record(action, time.perf_counter() - started, sent_bytes,
                       sparse_rows=sum(len(index) for _, index, _ in writes))
 
@@ -191,13 +195,37 @@ class Averaging:
         with owner._guard.bounded(action, step):
             collectives.wait(handle)
         owner._guard.check(signature * len(action.group), action, process_set, step)
-        with torch.no_grad():
-            for tensor, before, averaged in zip(tensors, sent, received):
-                tensor.add_(averaged - before)
-        if bridge is not None and bridge.carry:
-            self._carry = [(averaged - before).mul_(bridge.carry) for before, averaged in zip(sent, received)]
+        if bridge is not None:
+            self._cross(tensors, sent, received, bridge)
+        else:
+            with torch.no_grad():
+                for tensor, before, averaged in zip(tensors, sent, received):
+                    tensor.add_(averaged - before)
         self._outer_step()
+        self._remember(tensors)
         owner._record(action, time.perf_counter() - started, nbytes)
+
+    def _agreed_models(self, tensors):
+        """Copies of this rank's model as of its last average (its live model before the first one)."""
+        if self._agreed is None or len(self._agreed) != len(tensors) \
+                or any(a.shape != t.shape for a, t in zip(self._agreed, tensors)):
+            return [t.detach().clone() for t in tensors]
+        return [a.clone() for a in self._agreed]
+
+    def _remember(self, tensors):
+        """After an average: keep the model it left, which this rank's next exact bridge sends."""
+        owner = self._owner
+        if owner._plan.schedule.has_bridges and owner._sparse.row_sets is None:
+            self._agreed = [t.detach().clone() for t in tensors]
+
+    def _cross(self, tensors, sent, averaged, bridge):
+        """An exact bridge's average is in: move the model (``tensors``) by what it moved the agreed model
+        (``sent``, unscaled) and keep ``bridge.carry`` times that move for the next group average."""
+        with torch.no_grad():
+            moves = [a - s for a, s in zip(averaged, sent)]
+            for t, move in zip(tensors, moves):
+                t.add_(move)
+        self._carry = [move.mul_(bridge.carry) for move in moves] if bridge.carry else None
 
     @staticmethod
     def _contribution(tensors, bridge, carry):
@@ -291,12 +319,18 @@ class Averaging:
         self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
 
     def carry_state(self):
-        """What an exact bridge left to add to this rank's next group average, copied; None if nothing."""
-        return None if self._carry is None else [c.clone() for c in self._carry]
+        """What exact bridges need of the past, copied (None if nothing): the carry waiting for this rank's
+        next group average, and the model its last average left."""
+        if self._carry is None and self._agreed is None:
+            return None
+        return {"carry": None if self._carry is None else [c.clone() for c in self._carry],
+                "agreed": None if self._agreed is None else [a.clone() for a in self._agreed]}
 
-    def load_carry_state(self, carry):
-        """A carry saved by :meth:`carry_state` (None: nothing to carry)."""
-        self._carry = None if carry is None else list(carry)
+    def load_carry_state(self, state):
+        """What :meth:`carry_state` saved (None: nothing)."""
+        state = state or {}
+        self._carry = None if state.get("carry") is None else list(state["carry"])
+        self._agreed = None if state.get("agreed") is None else list(state["agreed"])
 
     def average_gradients(self):
         """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does."""
