@@ -322,7 +322,7 @@ def test_stop_signal_stops_every_rank_at_one_step_without_a_collective(tmp_path)
 @pytest.mark.multirank
 def test_the_default_senses_the_racks_behind_the_slow_link():
     """4 emulated hosts of one rank, 2 racks behind a 10x slower link: topology='auto' measures the racks and
-    the default schedule becomes the topology-aware one on them, averaging every RACK_AVERAGE_EVERY (2) steps."""
+    the default schedule becomes the topology-aware one on them, averaging every RACK_AVERAGE_EVERY (4) steps."""
     outputs = _on_four_hosts_in_two_racks("torch_sensing_hosts.py", "dssync-default", timeout=120)
     (sensed,) = [json.loads(line[7:]) for line in outputs[0].splitlines() if line.startswith("SENSED ")]
     assert (sensed["how"], sensed["racks"], sensed["pairs"]) == ("measured", [[0, 1], [2, 3]], 6), sensed

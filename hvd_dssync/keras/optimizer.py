@@ -404,8 +404,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local (local SGD). Default
-            (None): 2 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
-            ``schedule``), else 1 (``hvd_dssync.config.default_average_every``).
+            (None): 4 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
+            ``schedule``), 8 where it sensed hosts on one flat network (one group of every rank), else 1
+            (``hvd_dssync.config.default_average_every``).
         model: the Keras model; found automatically when training with ``model.fit``.
         average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
         schedule_options: extra arguments for the named schedule. Shuffle defaults to

@@ -54,6 +54,13 @@ class Bridge(NamedTuple):
     ranks it speaks for. The move the average makes (averaged minus what it sent, unscaled) is added to the
     rank's model, and ``carry`` times that move to what it sends in its next group average, so that its
     whole next group makes the same move. Nobody's local steps since the last average are lost.
+
+    Example::
+
+        >>> from hvd_dssync.schedules import TopologyAware
+        >>> from hvd_dssync.topology import Topology
+        >>> TopologyAware(Topology.from_racks([[0, 1, 2], [3, 4, 5]]), intra_steps=1).bridge(0, 1)
+        Bridge(scale=1.0, carry=2.0)
     """
     scale: float
     carry: float

@@ -392,14 +392,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             default) senses them once per job where no other DS-Sync argument names the schedule
             (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more make
             the default schedule "topology" on them, several hosts on one flat network one group of every
-            rank (``num_groups=1``). ``opt.sensed`` says how, what and in how many seconds.
+            rank (``num_groups=1``, averaging every 8 steps). ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local, without communication
             (local SGD; with ``num_groups=1`` this is PyTorch's post-local SGD with period
             ``average_every``). ``global_every`` counts steps too, and the schedule advances once per
-            group average. Default (None): 2 where the optimizer picks the topology-aware schedule itself
-            (racks sensed or given, no ``schedule``), else 1 (``hvd_dssync.config.default_average_every``).
+            group average. Default (None): 4 where the optimizer picks the topology-aware schedule itself
+            (racks sensed or given, no ``schedule``), 8 where it sensed hosts on one flat network (one group
+            of every rank), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
         average_buffers: set False to keep buffers local.
         overlap: start the averaging asynchronously and fold it in at the next step (one step stale).
