@@ -131,9 +131,13 @@ class Averaging:
         bridged = owner.bridges is not None and not any(v.ref() in by_rows for v in variables)
         if bridged:
             own = values
-            carries = [self._kept(self._carries, v) for v in variables]
-            agreed = [self._kept(self._agreed, v) for v in variables]
-            base, values = self._contribution(own, carries, agreed, branch)
+            crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in owner.bridges)
+            carries = [self._kept(self._carries, v, "dssync_bridge_carry") for v in variables]
+            agreed = [self._kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+            # A crossing sends the model the last average left times its scale, any other branch the model plus
+            # the carry waiting (group branches); the average's move is measured from what was sent, unscaled.
+            base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, own)]
+            values = [b * tf.cast(scales, b.dtype) + c * tf.cast(adds, b.dtype) for b, c in zip(base, carries)]
         if owner.compression is not hvd.Compression.none:
             *averaged, means = self._average_differences(variables, values, bits, branch, step)
         elif any(v.ref() in by_rows for v in variables):
@@ -154,7 +158,6 @@ class Averaging:
         with tf.control_dependencies([checked]):
             carried = []
             if bridged:  # a crossing moves the model by what the average moved the agreed one
-                crossing, _, factors, _ = (tf.gather(tf.constant(t), branch) for t in owner.bridges)
                 keep = tf.equal(branch, owner.KEEP_BRANCH)
                 moves = [a - b for a, b in zip(averaged, base)]
                 averaged = [tf.where(crossing > 0, o + m, a) for o, m, a in zip(own, moves, averaged)]
@@ -171,32 +174,22 @@ class Averaging:
                                      ignore_name_scope=True,
                                      name=f"{owner.name}_{kind}_{process_set.process_set_id}")
 
-    def _contribution(self, values, carries, agreed, branch):
-        """``(base, sent)`` at ``branch`` (the owner's ``bridges`` table): a crossing sends the model the last
-        average left (``agreed``) times its scale, any other branch its ``values`` plus the carries waiting
-        (group branches); ``base`` is what the average's move is measured from, unscaled."""
-        crossing, scales, _, adds = (tf.gather(tf.constant(t), branch) for t in self._owner.bridges)
-        base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, values)]
-        return base, [b * tf.cast(scales, b.dtype) + c * tf.cast(adds, b.dtype) for b, c in zip(base, carries)]
-
-    def _kept(self, store, variable):
-        """``store``'s variable for ``variable`` (a carry, or the model the last average left), made on first use."""
+    @staticmethod
+    def _kept(store, variable, name, copy=False):
+        """``store``'s variable for ``variable`` (a reference, a carry, the model the last average left), made on
+        first use outside any traced function: zeros, or with ``copy`` the variable's value then."""
         key = variable.ref()
         if key not in store:
             with tf.init_scope():
-                store[key] = tf.Variable(variable.read_value() if store is self._agreed else tf.zeros(
-                    variable.shape, variable.dtype), trainable=False, name="dssync_bridge")
+                start = variable.read_value() if copy else tf.zeros(variable.shape, variable.dtype)
+                store[key] = tf.Variable(start, trainable=False, name=name)
         return store[key]
 
     def _reference_of(self, variable):
-        key = variable.ref()
-        if key not in self._references:
+        if self._reference_set is None:
             with tf.init_scope():
-                if self._reference_set is None:
-                    self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
-                self._references[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                                    name="dssync_reference")
-        return self._references[key]
+                self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
+        return self._kept(self._references, variable, "dssync_reference")
 
     def _average_differences(self, variables, values, bits, branch, step):
         """Lossy compression: the group's models averaged through compressed differences from a shared reference

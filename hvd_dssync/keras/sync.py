@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, GROUP, LOCAL, Action, check_ranks_agree
+from ..plan import BSP, GLOBAL, GROUP, LOCAL, Action, carry_fate, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
@@ -289,7 +289,8 @@ class StepSync:
                 crossing[branch], scales[branch], carries[branch] = 1.0, bridge.scale, bridge.carry
         if not crossing.any():
             return None
-        adds = np.array([0.0] * self.FIRST_GROUP_BRANCH + [1.0] * len(self._groups))
+        kind_of = {self.KEEP_BRANCH: LOCAL, self.GLOBAL_BRANCH: GLOBAL}  # every other branch is a group's
+        adds = np.array([float(carry_fate(kind_of.get(branch, GROUP)) == "add") for branch in range(size)])
         return crossing, scales, carries, adds
 
     def branch(self, step):

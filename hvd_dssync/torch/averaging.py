@@ -206,16 +206,27 @@ class Averaging:
         owner._record(action, time.perf_counter() - started, nbytes)
 
     def _agreed_models(self, tensors):
-        """Copies of this rank's model as of its last average (its live model before the first one)."""
-        if self._agreed is None or len(self._agreed) != len(tensors) \
-                or any(a.shape != t.shape for a, t in zip(self._agreed, tensors)):
+        """This rank's model as of its last average (a copy of its live model before the first one), to be
+        read only: :meth:`_remember` writes it after the bridge's move is taken."""
+        if not self._agreed_fits(tensors):
             return [t.detach().clone() for t in tensors]
-        return [a.clone() for a in self._agreed]
+        return self._agreed
+
+    def _agreed_fits(self, tensors):
+        return self._agreed is not None and len(self._agreed) == len(tensors) \
+            and all(a.shape == t.shape and a.dtype == t.dtype for a, t in zip(self._agreed, tensors))
 
     def _remember(self, tensors):
-        """After an average: keep the model it left, which this rank's next exact bridge sends."""
+        """After an average: keep the model it left, which this rank's next exact bridge sends (into the same
+        buffers, as long as the model keeps its shapes)."""
         owner = self._owner
-        if owner._plan.schedule.has_bridges and owner._sparse.row_sets is None:
+        if not owner._plan.schedule.has_bridges or owner._sparse.row_sets is not None:
+            return
+        if self._agreed_fits(tensors):
+            with torch.no_grad():
+                for a, t in zip(self._agreed, tensors):
+                    a.copy_(t)
+        else:
             self._agreed = [t.detach().clone() for t in tensors]
 
     def _cross(self, tensors, sent, averaged, bridge):

@@ -254,6 +254,7 @@ def main():
     if not args.quick:
         check_group_means("shuffle", overlap=True, num_groups=num_groups)
         check_group_means("topology", topology=halves(SIZE), schedule_options=ROTATING)
+        check_group_means("topology", overlap=True, topology=halves(SIZE), schedule_options=ROTATING)
         check_synchronize_models()
         check_drop_in()
         check_policies()
