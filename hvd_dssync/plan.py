@@ -115,7 +115,7 @@ class SyncPlan:
 
         Example::
 
-            >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+            >>> plan = SyncPlan(rank=1, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
             ...                 average_every=2)
             >>> [plan.bridge(t) for t in range(8)][5:]
             [None, None, Bridge(scale=1.0, carry=1.0)]

@@ -151,7 +151,7 @@ def test_the_first_window_averages_in_groups_and_its_costliest_group_average_sta
 
 @pytest.mark.parametrize("bridge, seen, expected", [(0.3, 0.18, GROUP), (0.07, 0.12, GLOBAL)])
 def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected):
-    """On 2 racks of 4 only the bridge ranks (0 and 4) cross at the topology-aware schedule's bridge step;
+    """On 2 racks of 4 only the bridge ranks (3 and 7) cross at the topology-aware schedule's bridge step;
     the others wait for them only in part (Horovod's cycles). The estimate of a global average is the
     crossing ranks' time, the median over them: behind a slow link (a bridge of 0.3 s, which the others see
     as 0.18 s against their usual 0.1 s, less than raise_ratio) the ranks keep group averages; on a fast
@@ -166,12 +166,12 @@ def test_the_first_estimate_is_the_bridge_ranks_own_time(bridge, seen, expected)
             seconds = bridge if crossing else seen if step == 15 else 0.1
             plan.adaptive.record(action.kind, seconds if action.kind == GROUP else NAN, 0.01)
     figures = np.concatenate([plan.adaptive.figures() for plan in plans])
-    assert np.isfinite(figures[:, 4]).tolist() == [rank in (0, 4) for rank in range(8)]  # the others crossed none
+    assert np.isfinite(figures[:, 4]).tolist() == [rank in (3, 7) for rank in range(8)]  # the others crossed none
     first = plans[0].adaptive.conclude(15, figures)
     assert first.mode == expected and first.costliest_group_seconds == bridge, first
     # Every rank's costliest group average, the median over all ranks, would have missed the slow bridge.
     everyone = figures.copy()
-    everyone[:, 4] = [bridge if rank in (0, 4) else seen for rank in range(8)]
+    everyone[:, 4] = [bridge if rank in (3, 7) else seen for rank in range(8)]
     assert decide(everyone, initial_decision(plans[0].adaptive.policy), plans[0].adaptive.policy, 15).mode == GLOBAL
 
 
@@ -190,11 +190,11 @@ def test_a_first_window_at_the_longest_period_ends_at_a_bridge(bridge, waited, e
     for step in range(16):
         for plan in plans:
             action = plan.action(step)
-            if plan.rank == 0 and action.kind != LOCAL:
+            if plan.rank == 3 and action.kind != LOCAL:  # a bridge rank
                 averaged.append((step, action.group))
             seconds = (bridge if len(action.group) == 2 else waited) if step == 15 else 0.1
             plan.adaptive.record(action.kind, seconds if action.kind == GROUP else NAN, 0.01)
-    assert averaged == [(7, (0, 1, 2, 3)), (15, (0, 4))]  # inside the rack, then the bridge
+    assert averaged == [(7, (0, 1, 2, 3)), (15, (3, 7))]  # inside the rack, then the bridge
     figures = np.concatenate([plan.adaptive.figures() for plan in plans])
     assert figures[:, 2].tolist() == [0.1] * 8
     decisions = [plan.adaptive.conclude(15, figures) for plan in plans]

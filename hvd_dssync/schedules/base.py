@@ -59,7 +59,7 @@ class Bridge(NamedTuple):
 
         >>> from hvd_dssync.schedules import TopologyAware
         >>> from hvd_dssync.topology import Topology
-        >>> TopologyAware(Topology.from_racks([[0, 1, 2], [3, 4, 5]]), intra_steps=1).bridge(0, 1)
+        >>> TopologyAware(Topology.from_racks([[0, 1, 2], [3, 4, 5]]), intra_steps=1).bridge(2, 1)
         Bridge(scale=1.0, carry=2.0)
     """
     scale: float

@@ -17,7 +17,10 @@ class TopologyAware(Schedule):
     the rack's model, so whichever member crosses carries the same thing, and each rank is in two process
     sets (its rack, and its bridge group or the rest of its rack). Horovod negotiates every set a rank
     belongs to on every cycle, so fewer sets make every collective cheaper (docs/tuning.md has the bench's
-    figure against bridges that rotate). With ``rotate_every`` the bridge ranks change every
+    figure against bridges that rotate). They are the last ranks of their racks: a bridge rank's own model
+    misses its rack's average at the bridge step, so the job's rank 0, which checkpoints and logs in
+    Horovod's recipes, is never one where its rack has another rank. With ``rotate_every`` the bridge ranks
+    change every
     that many periods, each window holding one choice of bridges; ``intra_steps=0`` needs it, since the
     bridge ranks would otherwise never average with their own racks.
 
@@ -35,7 +38,7 @@ class TopologyAware(Schedule):
         >>> from hvd_dssync.topology import Topology
         >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=1)
         >>> t.groups(0), t.groups(1)
-        (((0, 1), (2, 3)), ((0, 2), (1,), (3,)))
+        (((0, 1), (2, 3)), ((0,), (1, 3), (2,)))
     """
 
     def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None, exact_bridges=True):
@@ -75,7 +78,9 @@ class TopologyAware(Schedule):
         for rack in self.racks:
             chosen = set()
             for k in range(min(self.max_cross_groups, len(rack))):
-                rank = rack[(window * self.max_cross_groups + k) % len(rack)]
+                # From the rack's last rank down: the job's rank 0, which checkpoints and logs in Horovod's
+                # recipes, averages with its rack at every step but where every rank of its rack crosses.
+                rank = rack[-1 - (window * self.max_cross_groups + k) % len(rack)]
                 bridges[k].append(rank)
                 chosen.add(rank)
             rest = [r for r in rack if r not in chosen]
@@ -113,8 +118,8 @@ class TopologyAware(Schedule):
 
             >>> from hvd_dssync.topology import Topology
             >>> t = TopologyAware(Topology.from_racks([[0, 1, 2, 3], [4, 5]]), intra_steps=1)
-            >>> t.groups(1), t.bridge(0, 1), t.bridge(4, 1), t.bridge(1, 1), t.bridge(0, 0)
-            (((0, 4), (1, 2, 3), (5,)), Bridge(scale=1.3333333333333333, carry=3.0), Bridge(scale=0.6666666666666666, carry=1.0), None, None)
+            >>> t.groups(1), t.bridge(3, 1), t.bridge(5, 1), t.bridge(0, 1), t.bridge(3, 0)
+            (((0, 1, 2), (3, 5), (4,)), Bridge(scale=1.3333333333333333, carry=3.0), Bridge(scale=0.6666666666666666, carry=1.0), None, None)
         """
         group = self.group_of(rank, step)
         if not self.exact_bridges or not self.crosses(group):
