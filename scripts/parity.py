@@ -8,7 +8,7 @@ Run from the repository root with 4 ranks (the DS-Sync configurations use the to
     PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 2400 \\
         horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2 --json parity.json
 
-The whole default run (4 tasks x 3 seeds x 18 configurations) takes about 20 minutes on 2 CPU cores,
+The whole default run (4 tasks x 3 seeds x 19 configurations) takes about 20 minutes on 2 CPU cores,
 most of it Horovod's own runs.
 
 One job loops over tasks x seeds x configurations, in the same order on every rank. Each configuration
