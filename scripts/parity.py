@@ -8,7 +8,7 @@ Run from the repository root with 4 ranks (the DS-Sync configurations use the to
     PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 2400 \\
         horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2 --json parity.json
 
-The whole default run (4 tasks x 3 seeds x 19 configurations) takes about 20 minutes on 2 CPU cores,
+The whole default run (4 tasks x 3 seeds x 20 configurations) takes about 20 minutes on 2 CPU cores,
 most of it Horovod's own runs.
 
 One job loops over tasks x seeds x configurations, in the same order on every rank. Each configuration
@@ -60,6 +60,7 @@ CONFIGS = {
     "dssync-every-1": {"average_every": 1},
     "dssync-every-2": {"average_every": 2},
     "dssync-every-4": {"average_every": 4},
+    "dssync-every-6": {"average_every": 6},
     "dssync-every-8": {"average_every": 8},
     # The racks every 4 steps, the slow link every 32 (7 steps inside the racks between bridges).
     "dssync-every-4-cross-32": {"average_every": 4, "schedule_options": {"intra_steps": 7}},
