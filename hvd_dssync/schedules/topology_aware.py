@@ -20,9 +20,8 @@ class TopologyAware(Schedule):
     figure against bridges that rotate). They are the last ranks of their racks: a bridge rank's own model
     misses its rack's average at the bridge step, so the job's rank 0, which checkpoints and logs in
     Horovod's recipes, is never one where its rack has another rank. With ``rotate_every`` the bridge ranks
-    change every
-    that many periods, each window holding one choice of bridges; ``intra_steps=0`` needs it, since the
-    bridge ranks would otherwise never average with their own racks.
+    change every that many periods (from the last rank down), each window holding one choice of bridges;
+    ``intra_steps=0`` needs it, since the bridge ranks would otherwise never average with their own racks.
 
     Args:
         topology: a :class:`hvd_dssync.topology.Topology`.
@@ -78,8 +77,7 @@ class TopologyAware(Schedule):
         for rack in self.racks:
             chosen = set()
             for k in range(min(self.max_cross_groups, len(rack))):
-                # From the rack's last rank down: the job's rank 0, which checkpoints and logs in Horovod's
-                # recipes, averages with its rack at every step but where every rank of its rack crosses.
+                # From the rack's last rank down, so that rank 0 crosses last (see the class docstring).
                 rank = rack[-1 - (window * self.max_cross_groups + k) % len(rack)]
                 bridges[k].append(rank)
                 chosen.add(rank)
