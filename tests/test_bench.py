@@ -350,3 +350,21 @@ def _on_four_hosts_in_two_racks(worker, contender, timeout):
             rendezvous.wait(timeout=10)
     assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
     return outputs
+
+
+@needs_namespaces
+@pytest.mark.multirank
+def test_rack_average_cost_script_times_both_libraries_on_every_row():
+    """scripts/rack_average_cost.py, tiny: 4 ranks in 2 racks, every row timed through Horovod and PyTorch."""
+    proc = subprocess.run([sys.executable, f"{ROOT}/scripts/rack_average_cost.py", "--ranks", "4", "--racks", "2",
+                           "--local", "1", "--iterations", "2", "--timeout", "60"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "Horovod" not in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1, training, no average", "| 1, training",
+                                                      "| 1, sleeping 4 ms each", "| none"]
+    for row in rows:
+        horovod, torch_figure = (float(cell) for cell in row.split(" | ")[1:3])
+        assert horovod > 0 and torch_figure > 0, row
+    failures = [line for line in proc.stderr.splitlines() if line.startswith(("  horovod", "  torch"))]
+    assert "failed" not in proc.stdout and failures == [], proc.stderr

@@ -1,0 +1,218 @@
+"""What one average inside a rack costs through Horovod process sets and through ``torch.distributed``
+subgroups, side by side on the bench's emulated cluster.
+
+Every rank takes ``--local`` steps of the bench's MLP, then averages its model (1.2 MB) with its rack,
+``--iterations`` times (40) after 5 untimed ones; the figure is the time of one iteration, the median
+over the ranks. Four rows, each a Horovod job and a PyTorch job: the local steps alone (the compute's
+share, no average); the local steps, then the average; each local step replaced by a sleep of
+``--step-seconds`` (the averages without the cores shared by computing ranks); the averages alone. A
+fifth row times the last rack's averages alone while ranks 0 and 1 (of the first rack) average 5 MB between
+themselves, in a process set (a subgroup) of their own: what an op of other ranks costs a rack's average.
+Run as root from the repository root::
+
+    .venv/bin/python scripts/rack_average_cost.py --ranks 8 --racks 2
+
+Each job is launched once, Horovod's with ``horovodrun --gloo`` from the first host and PyTorch's one
+process per namespace, each under a timeout; a job that fails or times out is reported as such.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BESIDE_BYTES = 5_000_000
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _train_steps(model, optimizer, x, y, iteration, local, sleep):
+    import torch
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for k in range(local):
+        if sleep:
+            time.sleep(sleep)
+            continue
+        start = ((iteration * local + k) * 16) % (len(y) - 16)
+        optimizer.zero_grad()
+        loss_fn(model(x[start:start + 16]), y[start:start + 16]).backward()
+        optimizer.step()
+
+
+def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5, beside=False):
+    """One rank: ``local`` steps then the rack's average (none without ``averages``), timed; prints the
+    ranks' figures on rank 0. ``beside``: ranks 0 and 1 average :data:`BESIDE_BYTES` between themselves
+    instead, the first rack's other ranks do nothing, the other racks average as before."""
+    import torch
+
+    from hvd_dssync.bench.worker import build_model, load_data
+
+    torch.set_num_threads(1)
+    bounds = [sum(racks[:k]) for k in range(len(racks) + 1)]
+    if library == "horovod":
+        import horovod.torch as hvd
+
+        from hvd_dssync.torch import collectives
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+        sets = [hvd.add_process_set(list(range(bounds[k], bounds[k + 1]))) for k in range(len(racks))]
+        pair = hvd.add_process_set([0, 1]) if beside else None
+    else:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        sets = [dist.new_group(list(range(bounds[k], bounds[k + 1]))) for k in range(len(racks))]
+        pair = dist.new_group([0, 1]) if beside else None
+    mine = next(k for k in range(len(racks)) if bounds[k] <= rank < bounds[k + 1])
+    model = build_model(512, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y, _, _ = load_data(0)
+    x, y = torch.from_numpy(x[rank::size]), torch.from_numpy(y[rank::size])
+    tensors = [p.data for p in model.parameters()]
+    big = torch.ones(BESIDE_BYTES // 4)
+
+    def average():
+        if not averages or (beside and mine == 0 and rank > 1):
+            return
+        if beside and rank <= 1:
+            if library == "horovod":
+                collectives.allreduce_(big, name="pair", op=hvd.Average, process_set=pair)
+            else:
+                dist.all_reduce(big, group=pair)
+            return
+        if library == "horovod":
+            collectives.grouped_allreduce_(tensors, name="rack", op=hvd.Average, process_set=sets[mine])
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=sets[mine])
+        flat /= racks[mine]
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    for k in range(warmup):
+        _train_steps(model, optimizer, x, y, k, local, sleep)
+        average()
+    started = time.perf_counter()
+    for k in range(iterations):
+        _train_steps(model, optimizer, x, y, k, local, sleep)
+        average()
+    mine_ms = torch.tensor([(time.perf_counter() - started) / iterations * 1e3])
+    if library == "horovod":
+        figures = hvd.allgather(mine_ms, name="figures").tolist()
+    else:
+        gathered = [torch.zeros(1) for _ in range(size)]
+        dist.all_gather(gathered, mine_ms)
+        figures = [float(t[0]) for t in gathered]
+    if rank == 0:
+        print("FIGURES " + json.dumps(figures), flush=True)
+
+
+def _figures(output):
+    for line in output.splitlines():
+        if "FIGURES " in line:
+            return json.loads(line.split("FIGURES ", 1)[1])
+    return None
+
+
+def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False):
+    """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none."""
+    from hvd_dssync.bench.launchers import head_command, launch_command, launch_env
+
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", library, "--racks-list", json.dumps(racks),
+            "--local", str(local), "--sleep", str(sleep), "--iterations", str(iterations),
+            *(() if averages else ("--no-averages",)), *(("--beside",) if beside else ())]
+    with tempfile.TemporaryDirectory() as agent_dir:
+        if library == "horovod":
+            env = launch_env(bed, "horovodrun", agent_dir)
+            env["PYTHONPATH"] = ROOT
+            command = head_command(bed, launch_command(bed, "horovodrun", argv, agent_dir))
+            procs = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)]
+        else:
+            procs = []
+            for rank in range(bed.size):
+                env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
+                           MASTER_ADDR=bed.address(0), MASTER_PORT="29511", RANK=str(rank),
+                           WORLD_SIZE=str(bed.size))
+                procs.append(bed.popen(rank, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True))
+        deadline = time.monotonic() + timeout
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout:.0f} s"
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    figures = _figures(outputs[0])
+    if figures is None:
+        return None, f"exit {procs[0].returncode}: {outputs[0][-500:]}"
+    return figures, None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="scripts/rack_average_cost.py")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--racks", type=int, default=2)
+    parser.add_argument("--intra-mbit", type=float, default=400.0)
+    parser.add_argument("--inter-mbit", type=float, default=40.0)
+    parser.add_argument("--local", type=int, default=4, help="local steps before each average")
+    parser.add_argument("--step-seconds", type=float, default=0.004,
+                        help="what a local step sleeps in the sleeping row (about a step's wall time here)")
+    parser.add_argument("--iterations", type=int, default=40, help="timed iterations (after 5 untimed)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a job is killed")
+    parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--racks-list", help=argparse.SUPPRESS)
+    parser.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--no-averages", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--beside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, json.loads(args.racks_list), args.local, args.sleep, not args.no_averages,
+               args.iterations, beside=args.beside)
+        return 0
+    if args.racks < 1 or args.ranks < 2 * args.racks or args.ranks % args.racks:
+        parser.error(f"--ranks {args.ranks} does not split into {args.racks} racks of at least 2 ranks each")
+    sys.path.insert(0, ROOT)
+    from hvd_dssync.bench.testbed import Testbed
+
+    racks = [args.ranks // args.racks] * args.racks
+    rows = [("compute", args.local, 0.0, False), ("train", args.local, 0.0, True),
+            ("sleep", args.local, args.step_seconds, True), ("none", 0, 0.0, True), ("beside", 0, 0.0, True)]
+    print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
+          f"{args.inter_mbit:g} Mbit/s; ms per iteration, median over the ranks", flush=True)
+    print("| local steps before each average | Horovod process sets | torch.distributed subgroups | ratio |\n"
+          "|---|---:|---:|---:|")
+    with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
+        for compute, local, sleep, averages in rows:
+            cells = []
+            for library in ("horovod", "torch"):
+                figures, failed = run_job(bed, library, racks, local, sleep, averages, args.iterations, args.timeout,
+                                          beside=compute == "beside")
+                if figures and compute == "beside":
+                    figures = figures[sum(racks[:-1]):]  # the last rack's, beside the long average
+                cells.append(statistics.median(figures) if figures else None)
+                if failed:
+                    print(f"  {library} ({compute}): {failed}", file=sys.stderr, flush=True)
+            label = {"compute": f"{local}, training, no average", "train": f"{local}, training",
+                     "sleep": f"{local}, sleeping {sleep * 1e3:g} ms each", "none": "none",
+                     "beside": f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB"}[compute]
+            text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
+            ratio = f"{cells[0] / cells[1]:.2f}x" if None not in cells else "-"
+            print(f"| {label} | {text[0]} | {text[1]} | {ratio} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
