@@ -60,7 +60,8 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
         sets = [hvd.add_process_set(list(range(bounds[k], bounds[k + 1]))) for k in range(len(racks))]
-        pair = hvd.add_process_set([0, 1]) if beside else None
+        # Horovod refuses a second set of the same ranks: racks of 2 have the pair's set already.
+        pair = (sets[0] if racks[0] == 2 else hvd.add_process_set([0, 1])) if beside else None
     else:
         import torch.distributed as dist
 
