@@ -64,6 +64,7 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
         pair = (sets[0] if racks[0] == 2 else hvd.add_process_set([0, 1])) if beside else None
     else:
         import torch.distributed as dist
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
@@ -88,14 +89,8 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
             return
         if library == "horovod":
             collectives.grouped_allreduce_(tensors, name="rack", op=hvd.Average, process_set=sets[mine])
-            return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=sets[mine])
-        flat /= racks[mine]
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        else:
+            average_parameters(model.parameters(), sets[mine])  # PyTorch's averagers' own average
 
     for k in range(warmup):
         _train_steps(model, optimizer, x, y, k, local, sleep)
@@ -189,26 +184,28 @@ def main(argv=None):
     from hvd_dssync.bench.testbed import Testbed
 
     racks = [args.ranks // args.racks] * args.racks
-    rows = [("compute", args.local, 0.0, False), ("train", args.local, 0.0, True),
-            ("sleep", args.local, args.step_seconds, True), ("none", 0, 0.0, True), ("beside", 0, 0.0, True)]
+    local, sleep = args.local, args.step_seconds
+    # (label, local steps, seconds each sleeps instead of training, averages, beside a long average of 0 and 1)
+    rows = [(f"{local}, training, no average", local, 0.0, False, False),
+            (f"{local}, training", local, 0.0, True, False),
+            (f"{local}, sleeping {sleep * 1e3:g} ms each", local, sleep, True, False),
+            ("none", 0, 0.0, True, False),
+            (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; ms per iteration, median over the ranks", flush=True)
     print("| local steps before each average | Horovod process sets | torch.distributed subgroups | ratio |\n"
           "|---|---:|---:|---:|")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
-        for compute, local, sleep, averages in rows:
+        for label, steps, pause, averages, beside in rows:
             cells = []
             for library in ("horovod", "torch"):
-                figures, failed = run_job(bed, library, racks, local, sleep, averages, args.iterations, args.timeout,
-                                          beside=compute == "beside")
-                if figures and compute == "beside":
+                figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
+                                          args.timeout, beside=beside)
+                if figures and beside:
                     figures = figures[sum(racks[:-1]):]  # the last rack's, beside the long average
                 cells.append(statistics.median(figures) if figures else None)
                 if failed:
-                    print(f"  {library} ({compute}): {failed}", file=sys.stderr, flush=True)
-            label = {"compute": f"{local}, training, no average", "train": f"{local}, training",
-                     "sleep": f"{local}, sleeping {sleep * 1e3:g} ms each", "none": "none",
-                     "beside": f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB"}[compute]
+                    print(f"  {library} ({label}): {failed}", file=sys.stderr, flush=True)
             text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
             ratio = f"{cells[0] / cells[1]:.2f}x" if None not in cells else "-"
             print(f"| {label} | {text[0]} | {text[1]} | {ratio} |", flush=True)
