@@ -7,15 +7,27 @@ is the set, the schedule is indexed by position in the set (position ``i`` is gl
 gradient allreduce and the global averages use ``ps`` itself. Ranks outside ``ps`` are untouched.
 
 ``hvd.add_process_set`` is a collective over *every* rank of the job, in the same order everywhere, and
-the ranks outside ``ps`` never build the optimizer, so the optimizer cannot register its groups itself.
-They are registered up front on every rank: statically (``hvd_dssync.torch.init(process_sets=...)``, or
-``hvd.init(process_sets=...)`` with :func:`process_set_groups`), or dynamically
-(:func:`add_process_set_groups` on every rank). The optimizer only looks them up (Horovod's table is the
-same on every rank) and raises the same error on every rank of the set, before communicating, when one is
-missing. For the same reason schedules whose groups change by window, and elastic Horovod (which drops
-every set at a reset), are refused inside a process set.
+the ranks outside ``ps`` may never build the optimizer, so the optimizer cannot always register its groups
+itself. Two ways work:
+
+- every rank of the job builds the optimizer with the same ``ps`` (Horovod's own recipe, ranks outside the
+  set training alone): the ranks agree on it with one allgather over the job and register the missing
+  groups together, in sorted order (:func:`acquire_registered` given ``allgather_rows``);
+- the groups are registered up front on every rank: statically (``hvd_dssync.torch.init(process_sets=...)``,
+  or ``hvd.init(process_sets=...)`` with :func:`process_set_groups`), or dynamically
+  (:func:`add_process_set_groups` on every rank).
+
+Where ranks pass different sets, or the ranks outside never build the optimizer (the agreement waits
+``HVD_DSSYNC_AGREE_SECONDS``, default 120), every rank that built it raises the same error. For the same
+reason schedules whose groups change by window, and elastic Horovod (which drops every set at a reset),
+are refused inside a process set.
 """
+import os
+import threading
+import zlib
 from typing import NamedTuple
+
+import numpy as np
 
 from .config import build_schedule
 from .process_sets import _horovod_table, elastic_job, registry_for
@@ -137,12 +149,79 @@ def add_process_set_groups(hvd, process_set, **schedule_arguments):
     registry_for(hvd).acquire(process_set_groups(ranks, **schedule_arguments))
 
 
-def acquire_registered(hvd, scope, groups, what, take=True):
-    """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod already holds.
+AGREE_SECONDS_ENV = "HVD_DSSYNC_AGREE_SECONDS"
+DEFAULT_AGREE_SECONDS = 120.0
 
-    Inside a process set nothing may be registered (the other ranks would not take part), so a missing
-    group raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank, before
-    any communication. Returns the groups as global ranks.
+
+def _fingerprint(*values):
+    return zlib.crc32(repr(values).encode()) & 0x7FFFFFFF
+
+
+def every_rank_agrees(allgather_rows, row, seconds):
+    """Every rank's ``row`` through ``allgather_rows`` (a collective over the job), or ``None`` where it
+    has not completed within ``seconds`` (some rank never called it). The wait runs in a daemon thread, so
+    a collective that never completes does not hold the process.
+
+    Example::
+
+        >>> every_rank_agrees(lambda row: np.stack([row, row]), np.array([1, 2]), 5.0).tolist()
+        [[1, 2], [1, 2]]
+    """
+    result = {}
+
+    def gather():
+        try:
+            result["rows"] = np.asarray(allgather_rows(row))
+        except BaseException as error:  # handed to the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=gather, name="hvd_dssync-agree", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if "error" in result:
+        raise result["error"]
+    return result.get("rows")
+
+
+_REGISTER_UP_FRONT = (
+    "Build the optimizer with the same process set and schedule arguments on every rank of the job, or register "
+    "the groups up front on every rank: hvd_dssync.torch.init(process_sets=[...], ...) or "
+    "hvd.init(process_sets=...) with hvd_dssync.scope.process_set_groups(...), or "
+    "add_process_set_groups(process_set, ...) after hvd.add_process_set, with the optimizer's schedule arguments.")
+
+
+def _register_together(hvd, scope, missing, what, allgather_rows):
+    """Register ``missing`` (global ranks) on every rank of the job where every rank is building the same
+    set's optimizer. Where the ranks differ, every rank raises the same ``RuntimeError``; where some rank never
+    takes part, returns why the groups could not be registered."""
+    seconds = float(os.environ.get(AGREE_SECONDS_ENV, DEFAULT_AGREE_SECONDS))
+    row = np.array([_fingerprint(scope.ranks), _fingerprint(tuple(missing))], dtype=np.int64)
+    rows = every_rank_agrees(allgather_rows, row, seconds)
+    if rows is None:
+        return (f"not every rank of the job built it within {seconds:.0f} s ({AGREE_SECONDS_ENV}) to register "
+                "them together")
+    kinds = {}
+    for rank, other in enumerate(map(tuple, rows.reshape(-1, 2).tolist())):
+        kinds.setdefault(other, []).append(rank)
+    if len(kinds) > 1:
+        alike = "; ".join(f"ranks {ranks}" for ranks in kinds.values())
+        raise RuntimeError(
+            f"{what}: the ranks of the job built it with different process sets or schedule arguments (alike: "
+            f"{alike}), so the DS-Sync groups inside its process set cannot be registered together. "
+            + _REGISTER_UP_FRONT)
+    registry_for(hvd).acquire(missing)  # every rank, in sorted order: a collective over the job
+    return None
+
+
+def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None):
+    """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod holds, registering
+    the missing ones where every rank of the job builds this optimizer.
+
+    With ``allgather_rows`` (the adapter's allgather of one int64 row per rank over the whole job, as in
+    Horovod's recipe where every rank builds the optimizer with the same set) the ranks agree, then
+    register the missing groups together. Without it, or where the ranks do not agree, a missing group
+    raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank that took part.
+    Returns the groups as global ranks.
 
     Example::
 
@@ -152,13 +231,12 @@ def acquire_registered(hvd, scope, groups, what, take=True):
     table = {tuple(sorted(r)) for r in _horovod_table().values()}
     missing = [g for g in wanted if g not in table]
     if missing:
-        raise RuntimeError(
-            f"{what}: DS-Sync inside the process set of ranks {list(scope.ranks)} needs its groups {missing} "
-            "registered as process sets by every rank of the job, which the ranks outside the set cannot do "
-            "from here. Register them up front on every rank: hvd_dssync.torch.init(process_sets=[...], ...) or "
-            "hvd.init(process_sets=...) with hvd_dssync.scope.process_set_groups(...), or "
-            "add_process_set_groups(process_set, ...) after hvd.add_process_set, with the optimizer's schedule "
-            "arguments.")
+        why = ("the ranks outside the set cannot do it from here" if allgather_rows is None
+               else _register_together(hvd, scope, missing, what, allgather_rows))
+        if why is not None:
+            raise RuntimeError(
+                f"{what}: DS-Sync inside the process set of ranks {list(scope.ranks)} needs its groups {missing} "
+                f"registered as process sets by every rank of the job, and {why}. " + _REGISTER_UP_FRONT)
     if take:  # a rank outside the scope only checks, so that it raises where the set's ranks do
         registry_for(hvd).acquire(wanted)
     return wanted

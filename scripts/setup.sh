@@ -2,8 +2,9 @@
 # Idempotent set-up for hvd_dssync: system packages, a pinned virtual environment, and Horovod 0.28.1
 # built from its PyPI sdist with PyTorch, TensorFlow, Gloo and MPI (patched for C++17, for process sets'
 # Gloo contexts: HOROVOD_GLOO_IFACE and the cross-host rendezvous, for dynamic process sets agreed every few
-# cycles, and for waits that sleep instead of spinning: scripts/patch_horovod.py). The built wheel is cached
-# outside the clone, keyed by versions and the patch level.
+# cycles, and for waits that sleep instead of spinning: scripts/patch_horovod.py; for process sets whose CPU
+# collectives run side by side: scripts/patches/*.patch). The built wheel is cached outside the clone, keyed
+# by versions and the patch level.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,10 +14,12 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.15.1
 CACHE="${HVD_DSSYNC_CACHE:-$HOME/.cache/hvd_dssync}"
-HOROVOD_PATCH=patch6  # raise with every change to the build's patches: a venv with another build is rebuilt
-WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$HOROVOD_PATCH"
-HOROVOD_MARK="$VENV/.horovod-$HOROVOD_VERSION-$HOROVOD_PATCH"
-STAMP="$VENV/.hvd_dssync-setup-$(sha1sum "$ROOT/requirements.txt" "$0" | sha1sum | cut -c1-12)"
+HOROVOD_PATCH=patch7  # raise with every change to the build's patches: a venv with another build is rebuilt
+# The patches' own hash too: a patch edited without a new level still rebuilds.
+PATCH_HASH=$(cat "$ROOT/scripts/patch_horovod.py" "$ROOT"/scripts/patches/*.patch | sha1sum | cut -c1-8)
+WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$HOROVOD_PATCH-$PATCH_HASH"
+HOROVOD_MARK="$VENV/.horovod-$HOROVOD_VERSION-$HOROVOD_PATCH-$PATCH_HASH"
+STAMP="$VENV/.hvd_dssync-setup-$(sha1sum "$ROOT/requirements.txt" "$0" | sha1sum | cut -c1-12)-$PATCH_HASH"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -26,7 +29,7 @@ fi
 
 # --- system packages -------------------------------------------------------------------------
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++ iproute2; do
+for pkg in openmpi-bin libopenmpi-dev cmake g++ iproute2 patch; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -71,6 +74,10 @@ if [ ! -f "$HOROVOD_MARK" ] || \
         # Process sets: their Gloo contexts (interface, cross-host scope), dynamic sets agreed every few cycles;
         # waits that sleep between polls.
         python3 "$ROOT/scripts/patch_horovod.py" "$src"
+        # Larger patches as unified diffs, each with a header saying what and why.
+        for diff in "$ROOT"/scripts/patches/*.patch; do
+            patch -p1 -s -d "$src" < "$diff"
+        done
         grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
         grep -q 'c++17' "$src/third_party/gloo/CMakeLists.txt"
         (cd "$src" && HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \

@@ -108,11 +108,20 @@ def test_process_sets_and_fp16_compression(launcher, init):
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher,np", matrix(sizes=(2, 4)))
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(2, 4, 8)))
 def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
-    """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing."""
+    """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing;
+    at 8 ranks the set's groups are registered by every rank together."""
     output = run(launcher, np, "torch_outside_set.py", timeout=180)
     assert output.count("all checks passed") == np, output
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ranks_building_with_different_process_sets_all_raise(launcher):
+    """Ranks 0-3 build the optimizer with the even ranks' set, ranks 4-7 with the odd ranks': the groups cannot
+    be registered together, and every rank raises the same error."""
+    output = run(launcher, 8, "torch_mixed_sets.py", timeout=180)
+    assert output.count("all checks passed") == 8, output
 
 
 @pytest.mark.parametrize("launcher,np", matrix(sizes=(4,)))

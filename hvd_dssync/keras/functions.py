@@ -86,6 +86,13 @@ def job_topology(spec=None):
 
 
 
+def allgather_job_rows(row):
+    """Every rank's int64 ``row`` over the whole job (one allgather), as rows of a NumPy array: the
+    agreement of :func:`hvd_dssync.scope.acquire_registered`."""
+    return hvd.allgather(tf.constant(np.asarray(row, dtype=np.int64).reshape(1, -1)),
+                         name="DSSync_scope_agree").numpy()
+
+
 def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
     """``topology`` resolved as the PyTorch adapter does (:func:`hvd_dssync.sensing.default_topology`): "auto"
     becomes the sensed racks or ``None``; ``(topology, Sensed or None)``. Keras reads the topology eagerly when

@@ -23,7 +23,7 @@ from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
 from . import sync as _sync
-from .functions import default_topology, job_topology
+from .functions import allgather_job_rows, default_topology, job_topology
 from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan
@@ -364,8 +364,8 @@ def _is_keras_optimizer(optimizer):
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=hvd.Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
-                         groups=None, process_set=hvd.global_process_set, scale_local_gradients=True, *,
-                         num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
+                         num_groups=0, groups=None, process_set=hvd.global_process_set, scale_local_gradients=True,
+                         *, group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_non_trainable=True,
                          schedule_options=None, policy=None, sparse_average=True):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
@@ -389,11 +389,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     by the process set's size, as in Horovod. On a rank outside ``process_set`` the arguments are validated
     as on its ranks, and the optimizer steps alone and sends nothing, as Horovod's there
     (:mod:`.outside`). ``device_sparse`` and ``groups`` have nothing to act on and are accepted for
-    compatibility. ``op=hvd.Adasum`` is rejected. Horovod's deprecated
-    ``num_groups`` (fusion groups) is replaced by DS-Sync's ``num_groups``.
+    compatibility. ``op=hvd.Adasum`` is rejected. The arguments Horovod has come in Horovod's order with
+    Horovod's defaults, so a script passing them by position means the same; Horovod's deprecated
+    ``num_groups`` (fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it.
 
-    Args (keyword-only, DS-Sync's own):
-        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither: the default
+    Args (DS-Sync's own, keyword-only but ``num_groups``):
+        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (0): the default
             schedule of :func:`hvd_dssync.torch.DistributedOptimizer` (the same in both adapters).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.
         seed: integer seed shared by all ranks; the same seed gives the PyTorch adapter's groups.
@@ -440,7 +441,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     in_process_set = scope.world_size != hvd.size()
     refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
-    config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+    config = SyncConfig(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                         average_every=average_every, schedule_options=schedule_options, policy=policy,
                         average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average))
@@ -453,7 +454,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first
         # position, the same errors), its groups only checked, and nothing sent.
         plan = make_plan(config, scope=scope._replace(rank=0))
-        acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras", take=False)
+        acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras", take=False,
+                           allgather_rows=allgather_job_rows)
         # The set's ranks number their DS-Sync objects for op names; a later optimizer's names must match.
         next(_sync._instances)
         wrapped = _optimizer_class(optimizer, OutsideProcessSet).from_config(optimizer.get_config())

@@ -29,6 +29,7 @@ from ..plan import BSP, GLOBAL, GROUP, LOCAL, Action, carry_fate, check_ranks_ag
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
+from .functions import allgather_job_rows
 from .averaging import Averaging
 from .exit import watch_until_exit
 from .graph_plan import make_plan
@@ -125,7 +126,8 @@ class StepSync:
         self.plan = plan
         if self._in_process_set():
             # Before this object takes its op-name number: a refused set must not shift the later ones'.
-            acquire_registered(hvd, self._scope, plan.schedule.window_groups(0), "hvd_dssync.keras")
+            acquire_registered(hvd, self._scope, plan.schedule.window_groups(0), "hvd_dssync.keras",
+                               allgather_rows=allgather_job_rows)
         else:
             self._scope = Scope(tuple(range(plan.world_size)), plan.rank)
         self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p

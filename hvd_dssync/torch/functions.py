@@ -4,6 +4,7 @@ import os
 import time
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 
 from .. import sensing
@@ -140,6 +141,13 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
     racks = racks_from_rates(rates, slow_fraction)
     host_racks = {hosts[h]: index for index, rack in enumerate(racks) for h in rack}
     return Topology(rank_hosts, host_racks)
+
+
+def allgather_job_rows(row):
+    """Every rank's int64 ``row`` over the whole job (one allgather), as rows of a NumPy array: the
+    agreement of :func:`hvd_dssync.scope.acquire_registered`."""
+    return hvd.allgather(torch.from_numpy(np.asarray(row, dtype=np.int64)).reshape(1, -1),
+                         name="dssync.scope.agree").numpy()
 
 
 def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):

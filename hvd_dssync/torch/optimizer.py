@@ -37,7 +37,7 @@ from .amp import amp_scaling, gradients_overflow, unscale_gradients
 from .averaging import Averaging
 from .checkpoint import dssync_state, load_dssync_state
 from .exit import watch_until_exit
-from .functions import _default_topology, job_topology
+from .functions import _default_topology, allgather_job_rows, job_topology
 from .live import next_construction, next_step_tick, op_prefix
 from .outside import OutsideProcessSet
 from .sparse_rows import SparseRows
@@ -120,7 +120,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._world_check_pending = elastic_job()
         self._guard = StepGuard(self)
         if self._in_process_set():
-            acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer")
+            acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
+                               allgather_rows=allgather_job_rows)
         if not self._world_check_pending:
             self._check_ranks_agree()
             # The first window's process sets now, with the agreement: not in the first average's time.
@@ -353,8 +354,8 @@ def _called_by_horovod_to_create_state():
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
-                         groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
-                         num_groups=None, group_size=None, seed=0, schedule=None, topology="auto",
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
+                         group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_buffers=True,
                          overlap=False, schedule_options=None, outer_momentum=0.0, policy=None,
                          sparse_average=True):
@@ -375,15 +376,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     Sum), ``gradient_predivide_factor`` and ``sparse_as_dense`` apply to the warm-up's gradient allreduce;
     ``backward_passes_per_step`` gradients simply accumulate between steps; ``groups`` (Horovod's fusion
     grouping) is accepted and has nothing to act on, since the whole model is one grouped allreduce per
-    step. ``op=hvd.Adasum`` is rejected. Horovod's deprecated ``num_groups`` (tensor fusion groups) is
-    replaced by DS-Sync's ``num_groups``.
+    step. ``op=hvd.Adasum`` is rejected. The arguments Horovod has come in Horovod's order with Horovod's
+    defaults, so a script passing them by position means the same; Horovod's deprecated ``num_groups``
+    (tensor fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it.
 
     Without DS-Sync arguments the schedule is chosen from the job: "topology" when the racks are known
     (``topology=`` or ``HVD_DSSYNC_TOPOLOGY``), else random groups ("shuffle") of
     :func:`hvd_dssync.plan.default_group_size` (pairs for 4 ranks, groups of 4 from 8 ranks on).
 
-    Args (keyword-only, DS-Sync's own):
-        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (the default).
+    Args (DS-Sync's own, keyword-only but ``num_groups``):
+        num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (0, the default).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.
         seed: integer seed shared by all ranks.
         schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None
@@ -437,7 +439,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     in_process_set = scope.world_size != hvd.size()
     refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
-    config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+    config = SyncConfig(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                         average_every=average_every, schedule_options=schedule_options, policy=policy,
                         outer_momentum=outer_momentum, overlap=bool(overlap), average_buffers=bool(average_buffers),
@@ -461,7 +463,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         warnings.warn("overlap=True does nothing with one rank.")
     if scope.outside:
         acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
-                           take=False)
+                           take=False, allgather_rows=allgather_job_rows)
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(OutsideProcessSet.__dict__))
         return cls(optimizer.param_groups, process_set, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))

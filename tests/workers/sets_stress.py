@@ -1,0 +1,73 @@
+"""One rank of the concurrent process sets' stress job (8 ranks): overlapping sets used at once, ops of
+several steps in flight together, sets added and removed while other sets' ops are in flight. Every value is
+checked; a hang is the launcher's timeout. ``--rounds`` sets the length.
+"""
+import argparse
+import os
+import time
+
+import common
+import horovod.torch as hvd
+import torch
+from common import check
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--rounds", type=int, default=12)
+args = parser.parse_args()
+
+os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+hvd.init()
+RANK, SIZE = common.identify(hvd)
+check(SIZE == 8, "the stress job runs on 8 ranks")
+FIXED = [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7], [1, 2], [3, 4], [5, 6], [0, 7]]
+sets = [hvd.add_process_set(ranks) for ranks in FIXED]
+mine = [ps for ps in sets if ps.included()]
+
+
+def submit(round_, ps):
+    """This rank's ops of one round in one set: an allreduce, a grouped allreduce, an allgather and a
+    broadcast, each with what it must return."""
+    tag = f"r{round_}.s{ps.process_set_id}"
+    value = float(RANK + round_)
+    expected_sum = float(sum(ps.ranks) + round_ * len(ps.ranks))
+    root = ps.ranks[round_ % len(ps.ranks)]
+    return [
+        (hvd.allreduce_async(torch.full((1000,), value), op=hvd.Sum, process_set=ps, name=tag + ".ar"),
+         lambda out: out[0].item() == expected_sum and out[-1].item() == expected_sum),
+        (hvd.grouped_allreduce_async([torch.full((10,), value), torch.full((300,), 2 * value)], op=hvd.Sum,
+                                     process_set=ps, name=tag + ".gar"),
+         lambda out: out[0][0].item() == expected_sum and out[1][-1].item() == 2 * expected_sum),
+        (hvd.allgather_async(torch.full((2, 3), value), process_set=ps, name=tag + ".ag"),
+         lambda out: out[:, 0].tolist() == [float(r + round_) for r in ps.ranks for _ in range(2)]),
+        (hvd.broadcast_async(torch.full((50,), value), root_rank=root, process_set=ps, name=tag + ".bc"),
+         lambda out: out[7].item() == float(root + round_)),
+    ]
+
+
+started = time.monotonic()
+pending = []
+for round_ in range(args.rounds):
+    for ps in mine:
+        pending.append((round_, ps.ranks, submit(round_, ps)))
+    if round_ % 3 == 1:
+        # A set added and removed while the ops of this round and the last are in flight.
+        extra = hvd.add_process_set([r for r in range(SIZE) if r % 2 == round_ % 2] if round_ % 2 == 0
+                                    else [0, 3, 5, 6])
+        if extra.included():
+            total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=extra, name=f"extra.{round_}")
+            check(total.item() == len(extra.ranks), f"round {round_}: extra set summed {total.item()}")
+        hvd.remove_process_set(extra)
+    # Two rounds in flight at once: wait for the older one.
+    while pending and pending[0][0] < round_:
+        old_round, ranks, ops = pending.pop(0)
+        for handle, valid in ops:
+            check(valid(hvd.synchronize(handle)), f"round {old_round}: set {ranks} returned a wrong value")
+for old_round, ranks, ops in pending:
+    for handle, valid in ops:
+        check(valid(hvd.synchronize(handle)), f"round {old_round}: set {ranks} returned a wrong value")
+everyone = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="everyone")
+check(everyone.item() == SIZE, f"the global set summed {everyone.item()}")
+for ps in sets:
+    hvd.remove_process_set(ps)
+print(f"rank {RANK}: {args.rounds} rounds in {time.monotonic() - started:.1f} s: all checks passed", flush=True)
+hvd.shutdown()
