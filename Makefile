@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
+.PHONY: setup demo test test-core stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,14 @@ test: setup
 
 test-core: setup
 	$(PY) -m pytest tests -m "not multirank"
+
+# The concurrent process sets' stress runs: 8 ranks, 20 runs under each launcher (about 15 minutes).
+stress: setup
+	cd tests && $(PY) stress_sets.py --runs 20
+
+# Horovod's own process-set tests on the installed build; HOROVOD_SOURCE: a checkout of Horovod v0.28.1.
+horovod-process-set-tests: setup
+	bash tests/horovod_process_set_tests.sh "$(HOROVOD_SOURCE)"
 
 bench: setup
 	$(PY) -m hvd_dssync bench --steps 400 --max-train-seconds 45 --out bench-results

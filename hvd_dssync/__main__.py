@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import __version__
+from . import __version__, build
 from .schedules import SCHEDULE_NAMES, make_schedule
 from .adaptive import AdaptivePolicy
 from .simulate import (TABLE_SCHEDULES, format_table, parse_rate_changes, rack_topology, replay_adaptive,
@@ -265,6 +265,11 @@ def _run_info(args, parser):
         print(f"{name:<11} {version}")
     if not args.no_build_check:
         print(f"{'built with':<11} {_horovod_build()}")
+        level = build.patch_level()
+        print(f"{'patch level':<11} {level} " + ("(Horovod as released)" if level == 0 else
+                                                 f"(the project's build; current {build.PATCH_LEVEL})"))
+        for missing in build.missing_patches(level):
+            print(f"{'':<11} lacks {missing}")
     print(f"\nschedule    {schedule!r}")
     if getattr(schedule, "topology", None) is not None:
         print(f"racks       {_format_groups(schedule.topology.rack_ranks())}")

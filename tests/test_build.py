@@ -1,6 +1,6 @@
-"""The project's Horovod build (scripts/setup.sh, scripts/patch_horovod.py): the patch for dynamic process sets
-is in the library, sets added and removed while training still agree with it, and a rank waiting for a
-late peer leaves the core to the threads that do the work."""
+"""The project's Horovod build (scripts/setup.sh, scripts/patch_horovod.py, scripts/patches/): the patch level
+is the one setup.sh builds, sets added and removed while training still agree, a rank waiting for a late
+peer leaves the core to the threads that do the work, and process sets run their ops side by side."""
 import glob
 import os
 
@@ -38,3 +38,39 @@ def test_waiting_rank_leaves_the_core(launcher):
     (a spinning wait uses all of it)."""
     output = run(launcher, 2, "wait_cpu.py", timeout=120)
     assert output.count("all checks passed") == 2, output
+
+
+def test_the_build_is_at_the_current_patch_level(tmp_path):
+    from hvd_dssync import build
+
+    assert build.patch_level() == build.PATCH_LEVEL, "run scripts/setup.sh: Horovod is not the project's build"
+    released = tmp_path / "mpi_lib_v2.so"
+    released.write_bytes(b"\x7fELF Horovod as released")
+    assert build.patch_level(str(released)) == 0
+    assert len(build.missing_patches(0)) == 2
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_process_sets_run_side_by_side(launcher):
+    """Set B's 30 small averages finish while set A's 600 MB average is in flight (on Horovod as released, or
+    with HOROVOD_PROCESS_SETS_ASYNC=0, B waits for A: every rank's loop performs A's op)."""
+    output = run(launcher, 4, "concurrent_sets.py", timeout=180)
+    assert output.count("all checks passed") == 4, output
+    assert "B FINISHED FIRST" in output, output
+
+
+@pytest.mark.multirank
+def test_process_sets_switched_off_wait_for_each_other():
+    """HOROVOD_PROCESS_SETS_ASYNC=0 keeps every op in Horovod's loop, as released: B waits for A."""
+    output = run("gloo", 4, "concurrent_sets.py", timeout=180, env={"HOROVOD_PROCESS_SETS_ASYNC": "0"})
+    assert output.count("all checks passed") == 4, output
+    assert "B WAITED FOR A" in output, output
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_process_sets_stress(launcher):
+    """8 ranks: overlapping sets used at once, two rounds of ops in flight, sets added and removed meanwhile."""
+    output = run(launcher, 8, "sets_stress.py", "--rounds", "6", timeout=240)
+    assert output.count("all checks passed") == 8, output

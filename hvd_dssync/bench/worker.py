@@ -41,6 +41,7 @@ DSSYNC_CONTENDERS = {
     "dssync-adaptive-first4": ("topology", True),
     "dssync-local-idle-sets": ("one group", True),
     "dssync-default": ("default", False),
+    "dssync-default-loop": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
@@ -81,6 +82,9 @@ DYNAMIC_SETS = {"dssync-topology-local-dynamic"}
 # default schedule comes from what the optimizer senses of the network (``topology="auto"``). Its record
 # holds what was sensed and what it cost (``record["sensed"]``).
 DEFAULT = "dssync-default"
+# Contenders whose Horovod performs every op in its background loop, as Horovod as released does
+# (HOROVOD_PROCESS_SETS_ASYNC=0 on the project's build): what the concurrent process sets buy, side by side.
+LOOP_BOUND = {"dssync-default-loop": DEFAULT}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
 # CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical
@@ -213,7 +217,7 @@ def _make_contender(name, model, config, rank, size):
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                            named_parameters=model.named_parameters())
             sync = None
-        elif name == DEFAULT:
+        elif LOOP_BOUND.get(name, name) == DEFAULT:
             hvd.init()  # importing hvd_dssync.torch enabled dynamic process sets
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters())
@@ -330,6 +334,8 @@ def run(config):
     name = config["contender"]
     if name not in CONTENDERS:
         raise ValueError(f"unknown contender {name!r}; one of {', '.join(CONTENDERS)}")
+    if name in LOOP_BOUND:
+        os.environ["HOROVOD_PROCESS_SETS_ASYNC"] = "0"  # read by Horovod's background thread at init
     warn_if_hostname_is_loopback()
     x_train, y_train, x_test, y_test = load_data(config["seed"])
     x_train, y_train = torch.from_numpy(x_train[rank::size]), torch.from_numpy(y_train[rank::size])

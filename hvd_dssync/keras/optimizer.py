@@ -18,6 +18,7 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from .. import build
 from ..config import SyncConfig, refuse_topology_in_process_set
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
@@ -438,6 +439,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not _is_keras_optimizer(optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
     in_process_set = scope.world_size != hvd.size()
     refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).

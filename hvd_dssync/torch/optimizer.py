@@ -25,6 +25,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch import functions as hvd_functions
 
+from .. import build
 from ..config import SyncConfig, refuse_topology_in_process_set
 from ..guards import check_nccl_process_sets
 from ..join import JoinState
@@ -434,6 +435,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
+    build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     in_process_set = scope.world_size != hvd.size()

@@ -16,7 +16,7 @@ import torch
 from common import check
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--big", type=int, default=60_000_000)
+parser.add_argument("--big", type=int, default=150_000_000)
 parser.add_argument("--small-ops", type=int, default=30)
 args = parser.parse_args()
 
@@ -28,7 +28,9 @@ set_a = hvd.add_process_set([0, 1])
 set_b = hvd.add_process_set([2, 3])
 
 big = torch.full((args.big,), float(RANK + 1))
-hvd.allreduce(torch.zeros(1), name="start")  # every rank at the same point
+# Each set's communicators warmed up (connections open), then every rank at the same point.
+hvd.allreduce(torch.zeros(1000), process_set=set_a if RANK < 2 else set_b, name="warm")
+hvd.allreduce(torch.zeros(1), name="start")
 started = time.monotonic()
 if RANK in (0, 1):
     out = hvd.allreduce(big, op=hvd.Sum, process_set=set_a, name="a.big")
