@@ -8,6 +8,8 @@ share, no average); the local steps, then the average; each local step replaced 
 ``--step-seconds`` (the averages without the cores shared by computing ranks); the averages alone. A
 fifth row times the last rack's averages alone while ranks 0 and 1 (of the first rack) average 5 MB between
 themselves, in a process set (a subgroup) of their own: what an op of other ranks costs a rack's average.
+Horovod runs twice, with the build's concurrent process sets and with every op in its background loop
+(``HOROVOD_PROCESS_SETS_ASYNC=0``, as released).
 Run as root from the repository root::
 
     .venv/bin/python scripts/rack_average_cost.py --ranks 8 --racks 2
@@ -118,7 +120,11 @@ def _figures(output):
 
 
 def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False):
-    """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none."""
+    """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none.
+    ``library`` "horovod-loop": Horovod with every op in its background loop, as released
+    (``HOROVOD_PROCESS_SETS_ASYNC=0`` on the project's build)."""
+    loop_bound = library == "horovod-loop"
+    library = "horovod" if loop_bound else library
     from hvd_dssync.bench.launchers import head_command, launch_command, launch_env
 
     argv = [sys.executable, os.path.abspath(__file__), "--worker", library, "--racks-list", json.dumps(racks),
@@ -128,6 +134,7 @@ def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, be
         if library == "horovod":
             env = launch_env(bed, "horovodrun", agent_dir)
             env["PYTHONPATH"] = ROOT
+            env["HOROVOD_PROCESS_SETS_ASYNC"] = "0" if loop_bound else "1"
             command = head_command(bed, launch_command(bed, "horovodrun", argv, agent_dir))
             procs = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True)]
@@ -193,12 +200,12 @@ def main(argv=None):
             (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; ms per iteration, median over the ranks", flush=True)
-    print("| local steps before each average | Horovod process sets | torch.distributed subgroups | ratio |\n"
-          "|---|---:|---:|---:|")
+    print("| local steps before each average | Horovod process sets | the same, every op in Horovod's loop "
+          "| torch.distributed subgroups | ratio | ratio in the loop |\n|---|---:|---:|---:|---:|---:|")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
         for label, steps, pause, averages, beside in rows:
             cells = []
-            for library in ("horovod", "torch"):
+            for library in ("horovod", "horovod-loop", "torch"):
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
                                           args.timeout, beside=beside)
                 if figures and beside:
@@ -207,8 +214,8 @@ def main(argv=None):
                 if failed:
                     print(f"  {library} ({label}): {failed}", file=sys.stderr, flush=True)
             text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
-            ratio = f"{cells[0] / cells[1]:.2f}x" if None not in cells else "-"
-            print(f"| {label} | {text[0]} | {text[1]} | {ratio} |", flush=True)
+            ratios = [f"{c / cells[2]:.2f}x" if None not in (c, cells[2]) else "-" for c in cells[:2]]
+            print(f"| {label} | {text[0]} | {text[1]} | {text[2]} | {ratios[0]} | {ratios[1]} |", flush=True)
     return 0
 
 

@@ -159,6 +159,10 @@ def test_report_table_and_targets_checked_per_dssync_contender():
     assert "horovod-bsp never in 20.0 s (> 2.00x, need 3x)" in checks["bandwidth", "dssync-topology"][1]
     assert "postlocal-periodic 6.0 s (1.20x" in checks["stragglers", "dssync-local"][1]
     assert "mean step 0.110 s vs BSP 0.100 s (median 0.010 s vs 0.100 s)" in checks["none", "dssync-local"][1]
+    # "The best" names the averagers that ran, never the grid's other periods.
+    (label,) = [t for t, _, _ in report.targets(rows) if t.startswith("static: dssync-topology-local ")]
+    ran = sorted({r["contender"] for r in rows if r["scenario"] == "static" and r["contender"].startswith("postlocal")})
+    assert ran and "the best PyTorch averager that ran (" in label and all(name in label for name in ran), label
 
 
 def test_adaptive_policy_checked_against_the_best_fixed_choice_in_hindsight():
@@ -190,7 +194,7 @@ def test_repeated_runs_judged_on_medians():
     assert [met for _, met, _ in report.targets(runs[:1] + runs[3:4])] == [True]
     assert [(met, f) for _, met, f in report.targets(rows)] == [(False, "3.2 s vs dssync-local 3.0 s")]
     table = report.markdown_table(rows, 0.97)
-    assert "| recover | dssync-adaptive | 10 | 0.100 | 100 | 3.2 (2.2, 3.2, never) |" in table
+    assert "| recover | dssync-adaptive | 10 | 0.100 | 100 | 3.2 [2.2, never] (2.2, 3.2, never) |" in table
     # A median that lands on a run that never reached the target is never; so is an even split.
     assert report.combine([_row("s", "c", None), _row("s", "c", None), _row("s", "c", 1.0)])[0]["time_to_target_s"] is None
     assert report.combine([_row("s", "c", None), _row("s", "c", 1.0)])[0]["time_to_target_s"] is None
@@ -231,6 +235,11 @@ def test_scenarios_every_one_built_from_the_bench_arguments():
     assert built["stragglers"]["stragglers"] == {"period": 6.0, "slow": 3.0, "delay": 0.25}
     assert [n for n, s in built.items() if s["stragglers"]] == ["stragglers", "transient"]
     assert [n for n, s in built.items() if s["rate_changes"]] == ["dynamic", "recover"]
+    # The accelerator: the bandwidth scenario's model and links, and 100 ms of emulated compute a step.
+    assert {k: built["accelerator"][k] for k in ("hidden", "intra_mbit", "inter_mbit")} == \
+        {k: built["bandwidth"][k] for k in ("hidden", "intra_mbit", "inter_mbit")}
+    assert [n for n, s in built.items() if s["compute_ms"]] == ["accelerator"] and built["accelerator"]["compute_ms"] == 100
+    assert scenario("static", build_parser().parse_args(["--compute-ms", "30"]))["compute_ms"] == 30
     with pytest.raises(ValueError, match="unknown scenario 'flaky'"):
         scenario("flaky", args)
     with pytest.raises(ValueError, match="--recover-after"):
@@ -355,7 +364,8 @@ def _on_four_hosts_in_two_racks(worker, contender, timeout):
 @needs_namespaces
 @pytest.mark.multirank
 def test_rack_average_cost_script_times_both_libraries_on_every_row():
-    """scripts/rack_average_cost.py, tiny: 4 ranks in 2 racks, every row timed through Horovod and PyTorch."""
+    """scripts/rack_average_cost.py, tiny: 4 ranks in 2 racks, every row timed through Horovod (the patch on and
+    off) and PyTorch."""
     proc = subprocess.run([sys.executable, f"{ROOT}/scripts/rack_average_cost.py", "--ranks", "4", "--racks", "2",
                            "--local", "1", "--iterations", "2", "--timeout", "60"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -367,5 +377,5 @@ def test_rack_average_cost_script_times_both_libraries_on_every_row():
                                                       "| 1, sleeping 4 ms each", "| none",
                                                       "| none; the last rack's, while ranks 0 and 1 average 5 MB"]
     for row in rows:
-        horovod, torch_figure = (float(cell) for cell in row.split(" | ")[1:3])
-        assert horovod > 0 and torch_figure > 0, row
+        horovod, loop_bound, torch_figure = (float(cell) for cell in row.split(" | ")[1:4])
+        assert horovod > 0 and loop_bound > 0 and torch_figure > 0, row

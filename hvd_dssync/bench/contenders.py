@@ -16,6 +16,7 @@ import threading
 import time
 
 from .marks import MarkWatch
+from .metric import attach_curves
 from .worker import CONTENDERS, HOROVOD_BSP
 
 __all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
@@ -144,6 +145,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
             raise JobFailed(f"{contender}: {failed}\n" + _tails(logs))
         with open(out_path) as f:
             record = json.load(f)
+        attach_curves(record, out_path, config)
         record["links"] = _link_bytes(marks)
         record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
                                   for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]

@@ -29,6 +29,7 @@ import shutil
 import sys
 
 from hvd_dssync.bench.marks import MarkWatch
+from hvd_dssync.bench.metric import attach_curves
 from hvd_dssync.bench.remote_shell import host_command, write_agent
 
 __all__ = ["LAUNCHERS", "MPIRUN_ONLY", "HIERARCHICAL_MCA", "contender_launcher", "launch_command", "launch_env",
@@ -163,6 +164,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             raise JobFailed(f"{contender} ({launcher}): {failed}\n" + "".join(lines[-30:]))
         with open(out_path) as f:
             record = json.load(f)
+        attach_curves(record, out_path, config)
         record["links"] = _link_bytes(marks)
         record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
                                   for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]

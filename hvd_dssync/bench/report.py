@@ -1,7 +1,8 @@
 """Turn contender records into the benchmark's summary rows, its JSON and its markdown table.
 
-Per contender: median step time, throughput, time to the target accuracy, final accuracy (of the
-average of all ranks' models), bytes over the bottleneck measured from the inter-rack veths' counters
+Per contender: median step time, throughput, time to the target accuracy (rank 0's model and the consensus
+model, the mean of all ranks'; with repeated runs, the median and its bootstrap 95% interval), final
+accuracy (of the average of all ranks' models), bytes over the bottleneck measured from the inter-rack veths' counters
 (with a ring-allreduce estimate beside it), and the synchronization time as a ratio to the link-bound
 limit (bytes over the busiest bottleneck direction divided by its rate).
 """
@@ -11,7 +12,7 @@ import numpy as np
 
 from .worker import POSTLOCAL, period_of
 
-__all__ = ["summarize", "higher_target", "combine", "estimate_bottleneck_bytes", "markdown_table", "write_json",
+__all__ = ["summarize", "higher_target", "combine", "bootstrap_interval", "call", "estimate_bottleneck_bytes", "markdown_table", "write_json",
            "targets", "render_markdown", "PYTORCH_AVERAGERS"]
 
 
@@ -111,9 +112,9 @@ def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sens
     return max(per_direction.values(), default=0.0)
 
 
-def time_to_target(curve, target):
+def time_to_target(curve, target, key="accuracy"):
     for point in curve:
-        if point["accuracy"] >= target:
+        if point.get(key) is not None and point[key] >= target:
             return point["time"]
     return None
 
@@ -140,6 +141,9 @@ def summarize(record, scenario, config):
         "median_step_s": median, "throughput_samples_s": samples / median if median else float("nan"),
         "train_seconds": record["train_seconds"], "time_to_target_s": time_to_target(record["curve"], config["target"]),
         "time_to_higher_target_s": time_to_target(record["curve"], higher_target(config)),
+        "time_to_target_consensus_s": time_to_target(record["curve"], config["target"], "consensus_accuracy"),
+        "time_to_higher_target_consensus_s": time_to_target(record["curve"], higher_target(config),
+                                                            "consensus_accuracy"),
         "final_accuracy": record["final_accuracy"], "rank0_accuracy": record["local_accuracy"],
         "sync_seconds": float(np.sum(record["sync_times"])), "compute_s_per_step": record["compute_seconds"],
         "bottleneck_bytes": None, "bottleneck_bytes_estimate": estimate_bottleneck_bytes(
@@ -172,7 +176,7 @@ def _median_of(values):
 
 
 _MEDIANS = ("median_step_s", "throughput_samples_s", "train_seconds", "time_to_target_s", "time_to_higher_target_s",
-            "final_accuracy",
+            "time_to_target_consensus_s", "time_to_higher_target_consensus_s", "final_accuracy",
             "rank0_accuracy", "sync_seconds", "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate",
             "link_bound_s", "sync_to_link_bound")
 
@@ -203,17 +207,70 @@ def combine(rows):
             if key in row:
                 row[key] = _median_of([r.get(key) for r in runs])
         row["steps"] = int(np.median([r["steps"] for r in runs]))
+        for key in ("time_to_target_s", "time_to_higher_target_s", "time_to_target_consensus_s"):
+            row[key[:-2] + "_interval"] = bootstrap_interval([r.get(key) for r in runs])
         out.append(row)
     return out
+
+
+def bootstrap_interval(values, rounds=4000, seed=0):
+    """The bootstrap 95% interval of the median of ``values`` (``None``: never reached, counted as +inf, and
+    an end at +inf is ``None``); ``None`` for fewer than 2 values. Seeded: the same values give the same
+    interval.
+
+    Example::
+
+        >>> bootstrap_interval([2.0, 2.2, 2.4, 2.5, 3.1])
+        [2.0, 3.1]
+        >>> bootstrap_interval([2.0, None, None])
+        [2.0, None]
+    """
+    if len(values) < 2:
+        return None
+    data = np.array([np.inf if v is None else v for v in values], dtype=float)
+    samples = np.random.default_rng(seed).choice(data, size=(rounds, len(data)), replace=True)
+    medians = np.sort(np.median(samples, axis=1))
+    low, high = medians[int(0.025 * (rounds - 1))], medians[int(np.ceil(0.975 * (rounds - 1)))]
+    return [None if not np.isfinite(v) else float(v) for v in (low, high)]
+
+
+def call(row, other, key="time_to_target_s"):
+    """"sooner", "later" or "even": ``row``'s median time against ``other``'s, even where their bootstrap
+    intervals overlap (or either has none, a single run).
+
+    Example::
+
+        >>> call({"time_to_target_s": 2.0, "time_to_target_interval": [1.8, 2.3]},
+        ...      {"time_to_target_s": 2.6, "time_to_target_interval": [2.2, 3.0]})
+        'even'
+    """
+    mine, theirs = row.get(key[:-2] + "_interval"), other.get(key[:-2] + "_interval")
+    if not mine or not theirs:
+        return "even"
+    inf = float("inf")
+    low, high = (inf if v is None else v for v in mine)
+    other_low, other_high = (inf if v is None else v for v in theirs)
+    if high < other_low:
+        return "sooner"
+    if other_high < low:
+        return "later"
+    return "even"
 
 
 def _fmt(value, spec, none="-"):
     return none if value is None else format(value, spec)
 
 
+def _interval_cell(row, key):
+    interval = row.get(key[:-2] + "_interval")
+    if not interval:
+        return ""
+    return " [" + ", ".join(_fmt(v, ".1f", "never") for v in interval) + "]"
+
+
 def _time_cell(row):
-    """Time to target; with repeated runs, the median and every run's time."""
-    cell = _fmt(row["time_to_target_s"], ".1f", "not reached")
+    """Time to target; with repeated runs, the median, its bootstrap interval and every run's time."""
+    cell = _fmt(row["time_to_target_s"], ".1f", "not reached") + _interval_cell(row, "time_to_target_s")
     if row.get("runs", 1) > 1:
         cell += " (" + ", ".join(_fmt(t, ".1f", "never") for t in row["times_to_target"]) + ")"
     return cell
@@ -225,15 +282,18 @@ def markdown_table(rows, target):
     repeated = any(r.get("runs", 1) > 1 for r in rows)
     higher = higher_target({"target": target})
     head = ("| scenario | contender | steps | median step (s) | samples/s | time to "
-            f"{target:.0%} (s){', median (each run)' if repeated else ''} | time to {higher:.0%} (s) | final acc. "
-            "| MB over bottleneck (est.) | sync / link-bound |")
-    lines = [head, "|" + "---|" * 10]
+            f"{target:.0%} (s){', median [95% interval] (each run)' if repeated else ''} | consensus to "
+            f"{target:.0%} (s) | time to {higher:.0%} (s) | final acc. | MB over bottleneck (est.) | sync / link-bound |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         mb = "-" if r["bottleneck_bytes"] is None else f"{r['bottleneck_bytes'] / 1e6:.1f}"
         lines.append(
             f"| {r['scenario']} | {r['contender']} | {r['steps']} | {r['median_step_s']:.3f} | "
             f"{r['throughput_samples_s']:.0f} | {_time_cell(r)} | "
-            f"{_fmt(r.get('time_to_higher_target_s'), '.1f', 'not reached')} | {r['final_accuracy']:.1%} | "
+            f"{_fmt(r.get('time_to_target_consensus_s'), '.1f', 'not reached')}"
+            f"{_interval_cell(r, 'time_to_target_consensus_s')} | "
+            f"{_fmt(r.get('time_to_higher_target_s'), '.1f', 'not reached')}"
+            f"{_interval_cell(r, 'time_to_higher_target_s')} | {r['final_accuracy']:.1%} | "
             f"{mb} ({r['bottleneck_bytes_estimate'] / 1e6:.1f}) | "
             f"{_fmt(r['sync_to_link_bound'], '.2f')} |")
     return "\n".join(lines) + "\n"
@@ -316,7 +376,10 @@ def targets(rows):
         bsp = next((r for r in here if r["contender"] == "horovod-bsp"), None)
         dssync = [r for r in here if _is_dssync(r["contender"])]
         if scenario in ("static", "bandwidth"):
-            averager = _best([r for r in here if r["contender"] in PYTORCH_AVERAGERS])
+            averagers = [r for r in here if r["contender"] in PYTORCH_AVERAGERS]
+            averager = _best(averagers)
+            # Says which averagers ran: "the best" is of those alone, never of the grid's other periods.
+            ran = ", ".join(r["contender"] for r in averagers) or "none"
             for row in dssync:
                 met_avg, fig_avg = _sooner(row, averager, 1.5, "PyTorch averager")
                 met_bsp, fig_bsp = _sooner(row, bsp, 3.0, "Horovod BSP")
@@ -328,7 +391,8 @@ def targets(rows):
                     met_acc = gap <= 0.5
                     fig_acc = f"final accuracy {row['final_accuracy']:.1%} vs BSP {bsp['final_accuracy']:.1%}"
                 out.append((f"{scenario}: {row['contender']} reaches the target >= 1.5x sooner than the best PyTorch "
-                            "averager and >= 3x sooner than Horovod BSP, final accuracy at most 0.5 pp below BSP's",
+                            f"averager that ran ({ran}) and >= 3x sooner than Horovod BSP, final accuracy at most "
+                            "0.5 pp below BSP's",
                             _all(met_avg, met_bsp, met_acc), f"{fig_avg}; {fig_bsp}; {fig_acc}"))
         elif scenario == "stragglers":
             other = _best([r for r in here if not _is_dssync(r["contender"])])
@@ -359,6 +423,24 @@ def targets(rows):
     return out
 
 
+def calls(rows):
+    """Every DS-Sync contender against the best PyTorch averager and Horovod BSP of its scenario, to the target
+    (rank 0's model): sooner, later, or even where the bootstrap intervals overlap."""
+    out = []
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        here = [r for r in rows if r["scenario"] == scenario]
+        others = [_best([r for r in here if r["contender"] in PYTORCH_AVERAGERS]),
+                  next((r for r in here if r["contender"] == "horovod-bsp"), None)]
+        for row in (r for r in here if _is_dssync(r["contender"])):
+            for other in (o for o in others if o is not None):
+                out.append(f"- {scenario}: {row['contender']} is {call(row, other).upper()} against "
+                           f"{other['contender']} ({_fmt(row['time_to_target_s'], '.1f', 'never')} s"
+                           f"{_interval_cell(row, 'time_to_target_s')} vs "
+                           f"{_fmt(other['time_to_target_s'], '.1f', 'never')} s"
+                           f"{_interval_cell(other, 'time_to_target_s')})")
+    return out
+
+
 def write_json(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=float)
@@ -373,6 +455,7 @@ def render_markdown(payload):
         lines += [f"Targets judged on the medians of {payload['repeat']} runs each.", ""]
     for t, m, f in targets(rows):
         lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
+    lines += [""] + calls(rows)
     for r in rows:
         if r.get("sensed"):
             s = r["sensed"]

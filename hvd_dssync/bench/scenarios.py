@@ -12,7 +12,16 @@
   timetable drawn from the seed (:func:`straggler_at`), the same for every contender;
 - ``transient``: no slow link; the last host computes slowly once, from ``--transient-from`` for
   ``--transient-seconds`` seconds (a transient straggler);
-- ``none``: no bottleneck, the link between racks as fast as the hosts' own links.
+- ``none``: no bottleneck, the link between racks as fast as the hosts' own links;
+- ``accelerator``: a GPU cluster's ratio of communication to compute, emulated: the bandwidth scenario's
+  24 MB model on its links (4000 Mbit/s hosts, 400 Mbit/s between racks), and every training step waits
+  ``--accelerator-compute-ms`` (100 ms) more, standing for a GPU's forward and backward pass while the
+  rank's CPU stays free (the method of compute-emulating testbeds, NeuronaBox arXiv 2405.02969). A ResNet-50
+  step on a V100 at batch 64 takes about 100-200 ms and its gradients are 100 MB over 10-25 Gbit/s hosts:
+  the same order of seconds of communication per second of compute as 24 MB over 400 Mbit/s per 100 ms.
+
+Every scenario also takes ``--compute-ms`` (0 by default): each step waits that much more, on every rank
+and for every contender alike.
 
 A scenario is a plain dict: ``name``, ``intra_mbit``, ``inter_mbit``, ``rate_changes`` (``[[seconds, mbit],
 ...]``: the inter-rack rate from that many seconds into training), ``hidden`` (the MLP width) and
@@ -23,7 +32,7 @@ import numpy as np
 
 __all__ = ["SCENARIOS", "scenario", "slow_rank", "straggler_at", "straggler_timetable"]
 
-SCENARIOS = ("static", "dynamic", "recover", "bandwidth", "stragglers", "transient", "none")
+SCENARIOS = ("static", "dynamic", "recover", "bandwidth", "stragglers", "transient", "none", "accelerator")
 
 
 def scenario(name, args):
@@ -36,7 +45,7 @@ def scenario(name, args):
         {'period': 6.0, 'slow': 3.0, 'delay': 0.25}
     """
     out = {"name": name, "intra_mbit": args.intra_mbit, "inter_mbit": args.intra_mbit, "rate_changes": [],
-           "hidden": args.hidden, "stragglers": None}
+           "hidden": args.hidden, "stragglers": None, "compute_ms": args.compute_ms}
     if name == "static":
         out["inter_mbit"] = args.inter_mbit
     elif name == "dynamic":
@@ -56,6 +65,9 @@ def scenario(name, args):
         start = args.transient_from
         out["stragglers"] = {"phases": [[start, start + args.transient_seconds, args.ranks - 1]],
                              "delay": args.straggler_delay}
+    elif name == "accelerator":
+        out.update(intra_mbit=args.bandwidth_intra_mbit, inter_mbit=args.bandwidth_inter_mbit,
+                   hidden=args.bandwidth_hidden, compute_ms=args.compute_ms + args.accelerator_compute_ms)
     elif name != "none":
         raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
     return out

@@ -1,10 +1,11 @@
 """One rank of one contender: ``python -m hvd_dssync.bench.worker '<json config>'``.
 
-The same workload for every contender: an MLP on the digits data set (each rank trains on its own
-shard), SGD with momentum, a fixed number of steps bounded by a training-time budget. Rank 0 times every
-step, evaluates its own model every ``eval_every`` steps (outside the training clock; every rank does, so the
-load stays even, and no rank waits for another there: see ``StopSignal``), and at the end
-evaluates the global average of the models; it writes the record to ``config["out"]``.
+The same workload for every contender: an MLP on the task's data set (:mod:`hvd_dssync.bench.metric`;
+each rank trains on its own shard), SGD with momentum, a fixed number of steps bounded by a training-time
+budget. Rank 0 times every step; every rank copies its model every few steps, off the training clock
+(:class:`~hvd_dssync.bench.metric.Snapshots`; the bench evaluates rank 0's and the consensus model from them
+after the job), and at the end rank 0 evaluates the global average of the models; it writes the record to
+``config["out"]``.
 
 The training loop prints ``MARK start`` and ``MARK end`` (after a barrier each) so that the launcher can
 read the bottleneck's byte counters around exactly the training steps. Under ``config["stragglers"]``
@@ -20,6 +21,7 @@ import warnings
 
 import numpy as np
 
+from hvd_dssync.bench.metric import Snapshots, load_data, snapshot_every
 from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
@@ -109,18 +111,6 @@ def warn_if_hostname_is_loopback():
     if message:
         warnings.warn(message)
     return message is not None
-
-
-def load_data(seed):
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
-    test = order[:360]
-    train = order[360:]
-    return x[train], y[train], x[test], y[test]
 
 
 def build_model(hidden, seed):
@@ -337,7 +327,7 @@ def run(config):
     if name in LOOP_BOUND:
         os.environ["HOROVOD_PROCESS_SETS_ASYNC"] = "0"  # read by Horovod's background thread at init
     warn_if_hostname_is_loopback()
-    x_train, y_train, x_test, y_test = load_data(config["seed"])
+    x_train, y_train, x_test, y_test = load_data(config["seed"], config.get("task", "synthetic"))
     x_train, y_train = torch.from_numpy(x_train[rank::size]), torch.from_numpy(y_train[rank::size])
     x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
     model = build_model(config["hidden"], config["seed"])
@@ -369,6 +359,9 @@ def run(config):
 
     net, opt, comm, last_sync = _make_contender(name, model, config, rank, size)
     stragglers = config.get("stragglers")
+    every, dtype = snapshot_every(params, config["steps"], config["eval_every"])
+    snapshots = Snapshots(model, every, dtype)
+    compute_wait = config.get("compute_ms", 0.0) / 1e3  # an accelerator's compute, emulated: the CPU stays free
     comm.max_flag(0)
     if rank == 0:
         print("MARK start", flush=True)
@@ -389,6 +382,8 @@ def run(config):
         opt.zero_grad()
         loss = loss_fn(net(x_train[idx]), y_train[idx])
         loss.backward()
+        if compute_wait:
+            time.sleep(compute_wait)
         if stragglers and slow_rank(stragglers, started - training_started, config["seed"], size) == rank:
             # A slow host's compute: sleeping leaves the shared cores to the other ranks.
             time.sleep(stragglers["delay"])
@@ -410,10 +405,9 @@ def run(config):
             sync_times.append(max(0.0, elapsed - compute_seconds))
         train_clock += elapsed
         last = step == config["steps"] - 1
-        if (step + 1) % config["eval_every"] == 0 or last:
-            test_loss, accuracy = evaluate(model, x_test, y_test)
-            curve.append({"step": step + 1, "time": train_clock, "train_loss": float(np.mean(losses)),
-                          "test_loss": test_loss, "accuracy": accuracy})
+        if snapshots.due(step + 1) or last:
+            snapshots.take(step + 1, train_clock)  # off the clock: evaluated by the bench after the job
+            curve.append({"step": step + 1, "time": train_clock, "train_loss": float(np.mean(losses))})
             losses = []
             if rank == 0 and train_clock > config["max_train_seconds"]:
                 stop.announce(step)
@@ -421,6 +415,7 @@ def run(config):
     if rank == 0:
         print("MARK end", flush=True)
     time.sleep(_SETTLE_SECONDS)
+    snapshots.write(f"{config['out']}.rank{rank}.npz")
     local_loss, local_accuracy = evaluate(model, x_test, y_test)
     comm.average_model(model)
     final_loss, final_accuracy = evaluate(model, x_test, y_test)
@@ -432,6 +427,7 @@ def run(config):
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
         "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
         "decisions": decisions, "sensed": getattr(opt, "sensed", None),
+        "task": config.get("task", "synthetic"), "snapshot_every": every, "snapshot_dtype": dtype,
     }
     if rank == 0:
         with open(config["out"], "w") as f:
