@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
+.PHONY: setup demo test test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -50,9 +50,13 @@ simulate: setup
 docs-check: setup
 	$(PY) -m pytest tests/test_docs.py
 
+# The HTML docs: the Markdown pages and the API reference generated from the docstrings, warnings as errors.
+docs: setup
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
 # Build artefacts, bench results and caches; the virtual environment (with its patched Horovod) stays.
 clean:
-	rm -rf build *.egg-info .pytest_cache .hypothesis bench-results
+	rm -rf build *.egg-info .pytest_cache .hypothesis bench-results docs/_build
 	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Everything clean removes, and the virtual environment: the next `make` rebuilds it (Horovod's build

@@ -10,10 +10,13 @@ tests="$src/test/parallel"
 [ -d "$tests" ] || { echo "no $tests: give a checkout of Horovod v0.28.1" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$ROOT/.venv/bin/python"
+"$PY" -c "import mock" 2>/dev/null || "$PY" -m pip install -q mock  # Horovod's test utilities import it
+files="${HOROVOD_TEST_FILES:-test_torch.py:process_set|test_tensorflow_process_sets.py:not gpu}"
 export OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2 HOROVOD_GLOO_IFACE=lo PYTHONUNBUFFERED=1
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
 failed=0
-for file_and_filter in "test_torch.py:process_set" "test_tensorflow_process_sets.py:not gpu"; do
+IFS='|' read -ra selections <<< "$files"
+for file_and_filter in "${selections[@]}"; do
     file="${file_and_filter%%:*}"; filter="${file_and_filter#*:}"
     for launcher in gloo mpi; do
         for np in 2 4; do
@@ -26,7 +29,7 @@ for file_and_filter in "test_torch.py:process_set" "test_tensorflow_process_sets
             fi
             log=$(mktemp)
             (cd "$tests" && PATH="$ROOT/.venv/bin:$PATH" timeout -k 10 900 "${cmd[@]}" \
-                "$PY" -m pytest -q -p no:cacheprovider "$file" -k "$filter" > "$log" 2>&1)
+                "$PY" -m pytest -q --color=no -p no:cacheprovider "$file" -k "$filter" > "$log" 2>&1)
             rc=$?
             counts=$(grep -E "^(\[0\]<stdout>:)?[0-9]+ (passed|failed|skipped)" "$log" | head -1 | sed 's/^\[0\]<stdout>://')
             echo "$file $launcher np=$np: exit $rc: ${counts:-no summary (see below)}"

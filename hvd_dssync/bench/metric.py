@@ -121,6 +121,7 @@ def curves(paths, model, x_test, y_test, targets=(0.95, 0.97), thin_after=5):
     """
     import torch
 
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))  # the bench's own process; no job runs now
     loaded = [np.load(path) for path in paths]
     try:
         steps, times = loaded[0]["steps"], loaded[0]["times"]

@@ -19,8 +19,8 @@ class ModelAverager(tf.Module):
     inside one traced function. In warm-up steps (``warmup_steps``) call :meth:`gradients` before
     applying them, as with Horovod's tape; outside the warm-up it returns them unchanged.
 
-    Args (keyword-only): as :func:`hvd_dssync.keras.DistributedOptimizer`'s DS-Sync arguments, plus
-        ``compression`` for the averaged tensors and ``name`` for the Horovod ops (unique per averager).
+    Its arguments (keyword-only) are :func:`hvd_dssync.keras.DistributedOptimizer`'s DS-Sync arguments, plus
+    ``compression`` for the averaged tensors and ``name`` for the Horovod ops (unique per averager).
 
     Example::
 

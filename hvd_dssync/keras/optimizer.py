@@ -394,7 +394,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Horovod's defaults, so a script passing them by position means the same; Horovod's deprecated
     ``num_groups`` (fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it.
 
-    Args (DS-Sync's own, keyword-only but ``num_groups``):
+    DS-Sync's own arguments follow (keyword-only, but ``num_groups``, at Horovod's position).
+
+    Args:
         num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (0): the default
             schedule of :func:`hvd_dssync.torch.DistributedOptimizer` (the same in both adapters).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.

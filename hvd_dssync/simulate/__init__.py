@@ -35,7 +35,7 @@ compute, no overlap.
 Closed form for bulk-synchronous training (BSP, one ring over all N ranks in rank order) on R >= 2 racks
 of consecutive ranks: exactly R hops cross racks (one out of and one into each rack, counting the
 wrap-around ``N-1 -> 0``), so every uplink carries ``2 (N - 1) / N * S`` each way and the cross-rack total
-is ``R * 2 (N - 1) / N * S``; see :func:`bsp_ring_uplink_byte
+is ``R * 2 (N - 1) / N * S``; see :func:`bsp_ring_uplink_bytes`.
 
 Where things are: :mod:`~hvd_dssync.simulate.mixing` (consensus error, mixing matrix, spectral gap),
 :mod:`~hvd_dssync.simulate.links` (the link model), :mod:`~hvd_dssync.simulate.table` (the table of

@@ -385,7 +385,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     (``topology=`` or ``HVD_DSSYNC_TOPOLOGY``), else random groups ("shuffle") of
     :func:`hvd_dssync.plan.default_group_size` (pairs for 4 ranks, groups of 4 from 8 ranks on).
 
-    Args (DS-Sync's own, keyword-only but ``num_groups``):
+    DS-Sync's own arguments follow (keyword-only, but ``num_groups``, at Horovod's position).
+
+    Args:
         num_groups: groups per step (schedule "shuffle"); or give ``group_size``; or neither (0, the default).
         group_size: the largest group size ("shuffle"), or the butterfly's group size.
         seed: integer seed shared by all ranks.
