@@ -17,8 +17,9 @@
   24 MB model on its links (4000 Mbit/s hosts, 400 Mbit/s between racks), and every training step waits
   ``--accelerator-compute-ms`` (100 ms) more, standing for a GPU's forward and backward pass while the
   rank's CPU stays free (the method of compute-emulating testbeds, NeuronaBox arXiv 2405.02969). A ResNet-50
-  step on a V100 at batch 64 takes about 100-200 ms and its gradients are 100 MB over 10-25 Gbit/s hosts:
-  the same order of seconds of communication per second of compute as 24 MB over 400 Mbit/s per 100 ms.
+  step on a V100 at batch 64 takes 100-200 ms, a ring allreduce of its 100 MB over 10 Gbit/s about 0.16 s:
+  inside a rack communication is of the order of compute (here 24 MB over 4000 Mbit/s per 100 ms), between
+  racks behind an uplink oversubscribed about 10:1 several times it (here about 0.8 s).
 
 Every scenario also takes ``--compute-ms`` (0 by default): each step waits that much more, on every rank
 and for every contender alike.
