@@ -17,11 +17,13 @@ itself. Two ways work:
   or ``hvd.init(process_sets=...)`` with :func:`process_set_groups`), or dynamically
   (:func:`add_process_set_groups` on every rank).
 
-Where ranks pass different sets, or the ranks outside never build the optimizer (the agreement waits
-``HVD_DSSYNC_AGREE_SECONDS``, default 120), every rank that built it raises the same error. For the same
+Where ranks pass different sets, every rank raises the same error; where the ranks outside never build the
+optimizer, the agreement waits ``HVD_DSSYNC_AGREE_SECONDS`` (default 60), then the ranks that built it raise
+the same error (their agreement op stays pending in Horovod, under a name of its own). For the same
 reason schedules whose groups change by window, and elastic Horovod (which drops every set at a reset),
 are refused inside a process set.
 """
+import itertools
 import os
 import threading
 import zlib
@@ -150,7 +152,8 @@ def add_process_set_groups(hvd, process_set, **schedule_arguments):
 
 
 AGREE_SECONDS_ENV = "HVD_DSSYNC_AGREE_SECONDS"
-DEFAULT_AGREE_SECONDS = 120.0
+DEFAULT_AGREE_SECONDS = 60.0
+_agreements = itertools.count()  # names each agreement's op: one that timed out never blocks the next
 
 
 def _fingerprint(*values):
@@ -196,7 +199,8 @@ def _register_together(hvd, scope, missing, what, allgather_rows):
     takes part, returns why the groups could not be registered."""
     seconds = float(os.environ.get(AGREE_SECONDS_ENV, DEFAULT_AGREE_SECONDS))
     row = np.array([_fingerprint(scope.ranks), _fingerprint(tuple(missing))], dtype=np.int64)
-    rows = every_rank_agrees(allgather_rows, row, seconds)
+    tag = next(_agreements)
+    rows = every_rank_agrees(lambda r: allgather_rows(r, tag), row, seconds)
     if rows is None:
         return (f"not every rank of the job built it within {seconds:.0f} s ({AGREE_SECONDS_ENV}) to register "
                 "them together")
@@ -217,7 +221,8 @@ def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None)
     """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod holds, registering
     the missing ones where every rank of the job builds this optimizer.
 
-    With ``allgather_rows`` (the adapter's allgather of one int64 row per rank over the whole job, as in
+    With ``allgather_rows(row, tag)`` (the adapter's allgather of one int64 row per rank over the whole job,
+    its op named by ``tag``, as in
     Horovod's recipe where every rank builds the optimizer with the same set) the ranks agree, then
     register the missing groups together. Without it, or where the ranks do not agree, a missing group
     raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank that took part.

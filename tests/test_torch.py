@@ -104,7 +104,9 @@ def test_sparse_benchmark_example_runs():
 def test_process_sets_and_fp16_compression(launcher, init):
     """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps
     updates below its resolution, within its error bound of the exact group means."""
-    output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300)
+    # The ranks outside a set never build its optimizer there: its ranks' agreement gives up after 5 s.
+    output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300,
+                 env={"HVD_DSSYNC_AGREE_SECONDS": "5"})
     assert output.count("all checks passed") == 4, output
 
 

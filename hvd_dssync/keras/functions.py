@@ -86,11 +86,16 @@ def job_topology(spec=None):
 
 
 
-def allgather_job_rows(row):
-    """Every rank's int64 ``row`` over the whole job (one allgather), as rows of a NumPy array: the
-    agreement of :func:`hvd_dssync.scope.acquire_registered`."""
+def allgather_job_rows(row, tag=0):
+    """Every rank's int64 ``row`` over the whole job (one allgather named by ``tag``), as rows of a NumPy
+    array: the agreement of :func:`hvd_dssync.scope.acquire_registered`.
+
+    Example::
+
+        rows = allgather_job_rows(np.array([1, 2]), tag=0)   # shape (hvd.size(), 2)
+    """
     return hvd.allgather(tf.constant(np.asarray(row, dtype=np.int64).reshape(1, -1)),
-                         name="DSSync_scope_agree").numpy()
+                         name=f"DSSync_scope_agree_{tag}").numpy()
 
 
 def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):

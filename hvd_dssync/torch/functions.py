@@ -143,11 +143,16 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
     return Topology(rank_hosts, host_racks)
 
 
-def allgather_job_rows(row):
-    """Every rank's int64 ``row`` over the whole job (one allgather), as rows of a NumPy array: the
-    agreement of :func:`hvd_dssync.scope.acquire_registered`."""
+def allgather_job_rows(row, tag=0):
+    """Every rank's int64 ``row`` over the whole job (one allgather named by ``tag``), as rows of a NumPy
+    array: the agreement of :func:`hvd_dssync.scope.acquire_registered`.
+
+    Example::
+
+        rows = allgather_job_rows(np.array([1, 2]), tag=0)   # shape (hvd.size(), 2)
+    """
     return hvd.allgather(torch.from_numpy(np.asarray(row, dtype=np.int64)).reshape(1, -1),
-                         name="dssync.scope.agree").numpy()
+                         name=f"dssync.scope.agree.{tag}").numpy()
 
 
 def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):

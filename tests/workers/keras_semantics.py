@@ -172,8 +172,9 @@ def check_backward_passes(base, what):
 
 def check_drop_in():
     base = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5), momentum=0.9)
+    # Horovod's arguments by position, in Horovod's order (num_groups, Horovod's 11th, is DS-Sync's).
     opt = dss.DistributedOptimizer(base, "DropIn", "", "", hvd.Compression.none, False, 1.0, hvd.Average, 1,
-                                   False, None, hvd.global_process_set, True, num_groups=1, seed=3)
+                                   False, 1, None, hvd.global_process_set, True, seed=3)
     check(isinstance(opt, tf.keras.optimizers.SGD), "the optimizer is no longer an SGD")
     check(type(opt).__name__ == "SGD", f"class name {type(opt).__name__}")
     check(opt.get_config() == base.get_config(), "get_config differs from the wrapped optimizer's")
