@@ -94,8 +94,10 @@ def allgather_job_rows(row, tag=0):
 
         rows = allgather_job_rows(np.array([1, 2]), tag=0)   # shape (hvd.size(), 2)
     """
-    return hvd.allgather(tf.constant(np.asarray(row, dtype=np.int64).reshape(1, -1)),
-                         name=f"DSSync_scope_agree_{tag}").numpy()
+    # Traced, so that the op keeps its own name: an eager Horovod op is named after its kind alone, and an
+    # agreement some rank never joins would take that rank's next eager allgather for its own.
+    gather = tf.function(lambda x: hvd.allgather(x, name=f"DSSync_scope_agree_{tag}"))
+    return gather(tf.constant(np.asarray(row, dtype=np.int64).reshape(1, -1))).numpy()
 
 
 def default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):

@@ -64,7 +64,7 @@ def optimizer(model=None, **kwargs):
 
 
 def bad_inputs():
-    expect_error("num_groups=0", lambda: optimizer(num_groups=0), "``num_groups``", "at least 1")
+    expect_error("num_groups=-1", lambda: optimizer(num_groups=-1), "``num_groups``", "at least 1")
     expect_error("num_groups>size", lambda: optimizer(num_groups=SIZE + 1), "``num_groups``",
                  f"at most the world size {SIZE}")
     expect_error("both sizes", lambda: optimizer(num_groups=1, group_size=1), "exactly one of ``num_groups``")
