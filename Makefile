@@ -3,7 +3,8 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse bench-parity simulate docs-check clean distclean
+.PHONY: setup demo test test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse \
+	bench-parity bench-rack-cost bench-long-steps simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,18 +33,27 @@ bench: setup
 bench-report:
 	$(PY) -m hvd_dssync bench --report-only --out bench-results
 
+# The experiments behind the docs' other figures (hvd_dssync/bench/experiments/), each as the docs quote it.
 bench-loopback: setup
-	$(PY) scripts/loopback_bench.py --np 4 --params 1
+	$(PY) -m hvd_dssync.bench.experiments.loopback_bench --np 4 --params 1
 
 bench-sparse: setup
-	$(PY) scripts/sparse_bench.py --ranks 4 --racks 2
+	$(PY) -m hvd_dssync.bench.experiments.sparse_bench --ranks 4 --racks 2
+
+# One rack's average through Horovod process sets (the build's concurrent sets on and off) and torch.distributed.
+bench-rack-cost: setup
+	$(PY) -m hvd_dssync.bench.experiments.rack_average_cost --ranks 8 --racks 2
+
+# mpirun, 2 hosts of 4 and 4 hosts of 2, 5 runs each: the longest step against the median averaging step.
+bench-long-steps: setup
+	$(PY) -m hvd_dssync.bench.experiments.long_steps --launcher mpirun --layouts 2x4,4x2 --runs 5
 
 # Accuracy of DS-Sync's periods and PyTorch's averagers against Horovod's at a fixed epoch budget, 4 tasks, 10 seeds,
 # each configuration's difference from Horovod paired seed by seed with its bootstrap interval
 # (about 50 minutes).
 bench-parity: setup
 	PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 4800 \
-	    horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2,3,4,5,6,7,8,9
+	    horovodrun -np 4 -H localhost:4 --gloo python -m hvd_dssync.bench.experiments.parity --seeds 0,1,2,3,4,5,6,7,8,9
 
 simulate: setup
 	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096

@@ -12,11 +12,12 @@ import warnings
 
 __all__ = ["PATCH_LEVEL", "patch_level", "missing_patches", "warn_once"]
 
-PATCH_LEVEL = 7  # what scripts/setup.sh builds (its HOROVOD_PATCH)
+PATCH_LEVEL = 8  # what scripts/setup.sh builds (its HOROVOD_PATCH)
 DOCS = "docs/build.md in hvd_dssync's sources"
 
 # (level, the string that level leaves in the library), newest first.
-_MARKERS = ((7, b"hvd_dssync-build-patch-level-7"), (6, b"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY"))
+_MARKERS = ((8, b"hvd_dssync-build-patch-level-8"), (7, b"hvd_dssync-build-patch-level-7"),
+            (6, b"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY"))
 
 # What each level adds, and what a job without it pays (docs/build.md has the figures).
 _ADDS = {
@@ -25,6 +26,8 @@ _ADDS = {
        "out, and process sets on several hosts can hang in their rendezvous",
     7: "concurrent process sets: without it every rank's Horovod loop runs the groups' averages one at a time, "
        "so a group waits for the others' averages and DS-Sync's groups do not run side by side",
+    8: "MPI waits that sleep: without it, under mpirun with more ranks than cores, Horovod's negotiation and "
+       "the groups' averages keep every waiting rank's core busy, and single steps take seconds",
 }
 
 
@@ -47,7 +50,7 @@ def patch_level(library=None):
 
     Example::
 
-        patch_level()   # 7 after scripts/setup.sh
+        patch_level()   # 8 after scripts/setup.sh
     """
     library = library or _library()
     if library is None:
@@ -65,7 +68,7 @@ def missing_patches(level):
         >>> missing_patches(PATCH_LEVEL)
         []
         >>> len(missing_patches(6))
-        1
+        2
     """
     return [_ADDS[k] for k in sorted(_ADDS) if k > level]
 

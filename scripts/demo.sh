@@ -41,4 +41,4 @@ for optimizer in dssync horovod; do
     "${launch[@]}" python "$ROOT/examples/pytorch_digits.py" --optimizer "$optimizer" --epochs "$EPOCHS" \
         --json "$out/$optimizer.json"
 done
-python "$ROOT/scripts/compare.py" "$out/dssync.json" "$out/horovod.json"
+python "$ROOT/hvd_dssync/bench/experiments/compare.py" "$out/dssync.json" "$out/horovod.json"

@@ -364,10 +364,10 @@ def _on_four_hosts_in_two_racks(worker, contender, timeout):
 @needs_namespaces
 @pytest.mark.multirank
 def test_rack_average_cost_script_times_both_libraries_on_every_row():
-    """scripts/rack_average_cost.py, tiny: 4 ranks in 2 racks, every row timed through Horovod (the patch on and
-    off) and PyTorch."""
-    proc = subprocess.run([sys.executable, f"{ROOT}/scripts/rack_average_cost.py", "--ranks", "4", "--racks", "2",
-                           "--local", "1", "--iterations", "2", "--timeout", "60"],
+    """hvd_dssync/bench/experiments/rack_average_cost.py, tiny: 4 ranks in 2 racks, every row timed through
+    Horovod (the patch on and off) and PyTorch."""
+    proc = subprocess.run([sys.executable, f"{ROOT}/hvd_dssync/bench/experiments/rack_average_cost.py", "--ranks", "4",
+                           "--racks", "2", "--local", "1", "--iterations", "2", "--timeout", "60"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     failures = [line for line in proc.stderr.splitlines() if line.startswith(("  horovod", "  torch"))]

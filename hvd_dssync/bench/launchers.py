@@ -91,7 +91,9 @@ def launch_command(bed, launcher, argv, agent_dir, extra_env_names=(), hierarchi
                 "--gloo", "--network-interface", IFACE, *argv]
     if launcher == "mpirun":
         exported = ["HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE", "PATH", "PYTHONPATH",
-                    *_QUIET, *extra_env_names, *(HIERARCHICAL_ENV if hierarchical else ())]
+                    *_QUIET, *extra_env_names, *(HIERARCHICAL_ENV if hierarchical else ()),
+                    *sorted(k for k in os.environ if k.startswith("HOROVOD_"))]  # the user's Horovod settings
+        exported = list(dict.fromkeys(exported))
         return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                 "-np", str(bed.size), "-H", hosts,
                 "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",

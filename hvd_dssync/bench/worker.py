@@ -247,7 +247,7 @@ def postlocal_optimizer(name, ddp, base, period, racks, size, warmup=0):
     ``ddp`` (a ``DistributedDataParallel`` of the model) allreduces gradients during the ``warmup`` steps only,
     then ``base`` steps locally and PyTorch's averager averages the models: every ``period`` steps
     (periodic), or the rack every ``period // 2`` and every rank every ``2 period`` (hierarchical; racks of
-    equal size, else all every ``2 period`` alone). The bench and ``scripts/parity.py`` build it alike."""
+    equal size, else all every ``2 period`` alone). The bench and ``hvd_dssync/bench/experiments/parity.py`` build it alike."""
     from collections import OrderedDict
 
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook

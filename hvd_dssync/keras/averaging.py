@@ -9,27 +9,57 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..differences import compress_difference, mix_difference
+from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
-__all__ = ["Averaging"]
+__all__ = ["Averaging", "ExactAverage"]
 
 
-class Averaging:
-    """How ``owner``'s variables and warm-up gradients are averaged.
-
-    ``owner`` is the :class:`hvd_dssync.keras.sync.StepSync`: its plan, process sets, groups, switch
-    branches, op names, settings (``op``, ``compression``, ``gradient_predivide_factor``,
-    ``sparse_as_dense``, ``device_dense``), step guard and sparse rows are read from it when the step is
-    traced, since the world (and with it the plan) can change under elastic Horovod.
+class ExactAverage:
+    """The exact average of tensors over a process set: one grouped allreduce, named by the step's op names
+    (``name``), the kind of average and the set, with Horovod's ``compression`` and ``device_dense``.
 
     Example::
 
-        averaging = Averaging(sync)
-        grads = averaging.gradients(grads, step)       # before the local update
-        averaging.average(variables, step)             # after it
+        average = ExactAverage("DSSyncSGD_0", hvd.Compression.none, "")
+        *averaged, means = average(values + [bits], process_set, "group")
     """
 
-    def __init__(self, owner):
-        self._owner = owner
+    def __init__(self, name, compression=hvd.Compression.none, device_dense=""):
+        self.name, self.compression, self.device_dense = name, compression, device_dense
+
+    def __call__(self, values, process_set, kind):
+        return hvd.grouped_allreduce(values, op=hvd.Average, compression=self.compression,
+                                     process_set=process_set, device_dense=self.device_dense,
+                                     ignore_name_scope=True, name=f"{self.name}_{kind}_{process_set.process_set_id}")
+
+
+class Averaging:
+    """How a traced step's variables and warm-up gradients are averaged.
+
+    It is given Horovod's settings (``op``, ``compression``, ``gradient_predivide_factor``, ``sparse_as_dense``,
+    ``device_dense``), the optimizer's ``process_set``, the step guard, the sparse rows and the exact average
+    the branches share; each call gets the step's :class:`.switch.Switch` (the plan it was traced for, the
+    groups and their process sets) and ``check``, the ops that must run first (the world check).
+
+    Example::
+
+        averaging = Averaging(horovod_settings, process_set, guard, sparse, exact_average)
+        grads = averaging.gradients(switch, grads, step, check)             # before the local update
+        averaging.average(switch, variables, step, branch, check)          # after it
+    """
+
+    def __init__(self, settings, process_set, guard, sparse, average):
+        # Horovod's arguments: op, compression, gradient_predivide_factor, sparse_as_dense, device_dense.
+        self.op = settings["op"]
+        self.compression = settings["compression"]
+        self.gradient_predivide_factor = settings["gradient_predivide_factor"]
+        self.sparse_as_dense = settings["sparse_as_dense"]
+        self.device_dense = settings["device_dense"]
+        self.process_set = process_set
+        self.guard = guard
+        self.sparse = sparse
+        self.exact_average = average
+        self.name = average.name
         # Lossy compression's shared reference per variable, and whether it was set (see _average_differences).
         self._references, self._reference_set = {}, None
         # Per variable, for exact bridges: what one left to add to the next group average, and the model the
@@ -41,36 +71,36 @@ class Averaging:
         if self._reference_set is not None:
             self._reference_set.assign(False)
 
-    def gradients(self, grads, step):
+    def gradients(self, switch, grads, step, check):
         """``grads`` averaged over all ranks in a bulk-synchronous (warm-up) step, else unchanged.
 
         ``None`` entries stay ``None``; sparse gradients need ``sparse_as_dense`` during the warm-up.
         """
-        owner = self._owner
-        if owner.plan.policy.warmup_steps == 0 or owner.plan.world_size == 1:
+        plan, guard = switch.plan, self.guard
+        if plan.policy.warmup_steps == 0 or plan.world_size == 1:
             return list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return list(grads)
-        with tf.control_dependencies(owner.world_check()):
+        with tf.control_dependencies(check):
             dense = [tf.identity(self._dense(grads[i])) for i in present]
-        bits = owner.guard.signature(step, dense[0].dtype)
+        bits = guard.signature(step, dense[0].dtype)
 
         def allreduce():
             reduced = self._allreduce_dense(dense + [bits], "bsp")
-            if owner.op == hvd.Sum:
-                reduced[-1] = reduced[-1] / owner.plan.world_size
+            if self.op == hvd.Sum:
+                reduced[-1] = reduced[-1] / plan.world_size
             return reduced
 
-        bsp = tf.cast(step, tf.int64) < owner.plan.policy.warmup_steps
-        begun = owner.guard.begin(tf.where(bsp, owner.GLOBAL_BRANCH, owner.KEEP_BRANCH), step, "bsp")
+        bsp = tf.cast(step, tf.int64) < plan.policy.warmup_steps
+        begun = guard.begin(switch, tf.where(bsp, GLOBAL_BRANCH, KEEP_BRANCH), step, "bsp")
         with tf.control_dependencies([begun]):
             dense = [tf.identity(g) for g in dense]
         *reduced, means = tf.cond(bsp, allreduce, lambda: [tf.identity(g) for g in dense] + [bits])
         with tf.control_dependencies(reduced + [means]):
-            ended = owner.guard.end(begun)
+            ended = guard.end(begun)
         with tf.control_dependencies([ended]):
-            checked = owner.guard.check(means, step, owner.plan.world_size)
+            checked = guard.check(switch, means, step, plan.world_size)
         with tf.control_dependencies([checked]):
             reduced = [tf.identity(g) for g in reduced]
         out = list(grads)
@@ -78,13 +108,12 @@ class Averaging:
             out[i] = g
         return out
 
-    def allreduce_gradients(self, grads):
+    def allreduce_gradients(self, switch, grads, check):
         """``grads`` reduced over all ranks as in a warm-up step, at any step (``None`` entries stay ``None``)."""
-        owner = self._owner
         present = [i for i, g in enumerate(grads) if g is not None]
-        if owner.plan.world_size == 1 or not present:
+        if switch.plan.world_size == 1 or not present:
             return list(grads)
-        with tf.control_dependencies(owner.world_check()):
+        with tf.control_dependencies(check):
             dense = [tf.identity(self._dense(grads[i])) for i in present]
         out = list(grads)
         for i, g in zip(present, self._allreduce_dense(dense, "allreduce_grads")):
@@ -93,86 +122,72 @@ class Averaging:
 
     def _dense(self, gradient):
         if isinstance(gradient, tf.IndexedSlices):
-            if not self._owner.sparse_as_dense:
+            if not self.sparse_as_dense:
                 raise ValueError("sparse gradients need sparse_as_dense=True to be allreduced by hvd_dssync")
             return tf.convert_to_tensor(gradient)
         return gradient
 
     def _allreduce_dense(self, dense, kind):
         """Horovod's gradient allreduce over all ranks: ``op``, ``compression``, ``gradient_predivide_factor``."""
-        owner = self._owner
         prescale = postscale = 1.0
-        if owner.op == hvd.Average and owner.gradient_predivide_factor != 1.0:
-            prescale = 1.0 / owner.gradient_predivide_factor
-            postscale = owner.gradient_predivide_factor
-        return hvd.grouped_allreduce(dense, op=owner.op, compression=owner.compression,
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        return hvd.grouped_allreduce(dense, op=self.op, compression=self.compression,
                                      prescale_factor=prescale, postscale_factor=postscale,
-                                     device_dense=owner.device_dense, ignore_name_scope=True,
-                                     name=f"{owner.name}_{kind}", process_set=owner.process_set)
+                                     device_dense=self.device_dense, ignore_name_scope=True,
+                                     name=f"{self.name}_{kind}", process_set=self.process_set)
 
-    def average(self, variables, step):
-        """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
-        owner = self._owner
+    def average(self, switch, variables, step, branch, check):
+        """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor), whose switch
+        branch is ``branch`` (a tensor); an op."""
         variables = list(variables)
-        check = owner.world_check()
-        if owner.plan.world_size == 1 or not variables or not owner._table.any():
-            return tf.group(*check)
-        branch = owner.branch(step)
-        begun = owner.guard.begin(branch, step, "group")
-        sparse = owner.sparse
-        by_rows = sparse.positions() if owner.compression is hvd.Compression.none else {}
+        guard, sparse = self.guard, self.sparse
+        begun = guard.begin(switch, branch, step, "group")
+        by_rows = sparse.positions() if self.compression is hvd.Compression.none else {}
         with tf.control_dependencies(check + [begun]):
             # Tables averaged by their rows are not read whole: a live read would make their row update copy
             # the whole table first (copy-on-write).
             values = [None if v.ref() in by_rows else tf.identity(v) for v in variables]
-        bits = owner.guard.signature(step, variables[0].dtype)
+        bits = guard.signature(step, variables[0].dtype)
         writes = []  # (table, rows' indices, averaged rows) of the tables averaged by their rows
         # Tables averaged by their rows: the bridge averages plainly.
-        bridged = owner.bridges is not None and not any(v.ref() in by_rows for v in variables)
+        bridged = switch.bridges is not None and not any(v.ref() in by_rows for v in variables)
         if bridged:
             own = values
-            crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in owner.bridges)
+            crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
             carries = [self._kept(self._carries, v, "dssync_bridge_carry") for v in variables]
             agreed = [self._kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
             # A crossing sends the model the last average left times its scale, any other branch the model plus
             # the carry waiting (group branches); the average's move is measured from what was sent, unscaled.
             base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, own)]
             values = [b * tf.cast(scales, b.dtype) + c * tf.cast(adds, b.dtype) for b, c in zip(base, carries)]
-        if owner.compression is not hvd.Compression.none:
-            *averaged, means = self._average_differences(variables, values, bits, branch, step)
+        if self.compression is not hvd.Compression.none:
+            *averaged, means = self._average_differences(switch, variables, values, bits, branch, step)
         elif any(v.ref() in by_rows for v in variables):
             with tf.control_dependencies(check + [begun]):
-                variables, averaged, writes, means = sparse.average(variables, values, bits, branch)
+                variables, averaged, writes, means = sparse.average(switch, variables, values, bits, branch)
         else:
             sent = values + [bits]
-            branches = [lambda: [tf.identity(v) for v in sent],
-                        lambda: self.allreduce(sent, owner.process_set, "global")]
-            for group in owner._groups:
-                branches.append(lambda g=group: self.allreduce(sent, owner._set_of(g), "group"))
-            *averaged, means = tf.switch_case(branch, branches, name=f"{owner.name}_switch")
+            branches = [lambda: [tf.identity(v) for v in sent]]
+            for process_set, kind, _, _ in switch.branch_sets():
+                branches.append(lambda ps=process_set, k=kind: self.exact_average(sent, ps, k))
+            *averaged, means = tf.switch_case(branch, branches, name=f"{self.name}_switch")
         with tf.control_dependencies(averaged + [means] + [rows for _, _, rows in writes]):
-            ended = owner.guard.end(begun)
-        sizes = tf.constant([1, owner.plan.world_size] + [len(g) for g in owner._groups], tf.int32)
+            ended = guard.end(begun)
+        sizes = tf.constant(switch.sizes(), tf.int32)
         with tf.control_dependencies([ended]):
-            checked = owner.guard.check(means, step, tf.gather(sizes, branch))
+            checked = guard.check(switch, means, step, tf.gather(sizes, branch))
         with tf.control_dependencies([checked]):
             carried = []
             if bridged:  # a crossing moves the model by what the average moved the agreed one
-                keep = tf.equal(branch, owner.KEEP_BRANCH)
+                keep = tf.equal(branch, KEEP_BRANCH)
                 moves = [a - b for a, b in zip(averaged, base)]
                 averaged = [tf.where(crossing > 0, o + m, a) for o, m, a in zip(own, moves, averaged)]
                 carried = [c.assign(tf.where(keep, c, tf.cast(factors, m.dtype) * m)) for c, m in zip(carries, moves)]
                 carried += [k.assign(tf.where(keep, k, a)) for k, a in zip(agreed, averaged)]
             return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)], *carried,
                             *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
-
-    def allreduce(self, values, process_set, kind):
-        """The exact average of ``values`` over ``process_set``, one grouped allreduce named by ``kind`` and set."""
-        owner = self._owner
-        return hvd.grouped_allreduce(values, op=hvd.Average, compression=owner.compression,
-                                     process_set=process_set, device_dense=owner.device_dense,
-                                     ignore_name_scope=True,
-                                     name=f"{owner.name}_{kind}_{process_set.process_set_id}")
 
     @staticmethod
     def _kept(store, variable, name, copy=False):
@@ -191,7 +206,7 @@ class Averaging:
                 self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
         return self._kept(self._references, variable, "dssync_reference")
 
-    def _average_differences(self, variables, values, bits, branch, step):
+    def _average_differences(self, switch, variables, values, bits, branch, step):
         """Lossy compression: the group's models averaged through compressed differences from a shared reference
         (:mod:`hvd_dssync.differences`: what each rank sends and keeps, and when the reference moves).
 
@@ -199,14 +214,13 @@ class Averaging:
         every rank, whatever its group) and moved by global averages only. The step ``bits`` ride along
         uncompressed; their means come last.
         """
-        owner = self._owner
         references = [self._reference_of(v) for v in variables]
-        compression = owner.compression
+        compression = self.compression
 
         def establish():
-            *exact, means = hvd.grouped_allreduce(values + [bits], op=hvd.Average, process_set=owner.process_set,
-                                                  device_dense=owner.device_dense, ignore_name_scope=True,
-                                                  name=f"{owner.name}_reference")
+            *exact, means = hvd.grouped_allreduce(values + [bits], op=hvd.Average, process_set=self.process_set,
+                                                  device_dense=self.device_dense, ignore_name_scope=True,
+                                                  name=f"{self.name}_reference")
             with tf.control_dependencies([r.assign(e) for r, e in zip(references, exact)]
                                          + [self._reference_set.assign(True)]):
                 return [tf.identity(e) for e in exact] + [tf.identity(means)]
@@ -218,9 +232,9 @@ class Averaging:
                 # TF's grouped allreduce takes one dtype; 0 and 1 and their means are exact enough in any float.
                 *averaged, means = hvd.grouped_allreduce(compressed + [tf.cast(bits, compressed[0].dtype)],
                                                          op=hvd.Average,
-                                                         process_set=process_set, device_dense=owner.device_dense,
+                                                         process_set=process_set, device_dense=self.device_dense,
                                                          ignore_name_scope=True,
-                                                         name=f"{owner.name}_{kind}_{process_set.process_set_id}")
+                                                         name=f"{self.name}_{kind}_{process_set.process_set_id}")
                 means = tf.cast(means, bits.dtype)
                 kept = [mix_difference(r, a, *rest, compression) for r, a, rest in zip(references, averaged, sent)]
                 mixed, received = [m for m, _ in kept], [a for _, a in kept]
@@ -232,10 +246,8 @@ class Averaging:
                     return [tf.identity(m) for m in mixed] + [tf.identity(means)]
             return mix
 
-        branches = [lambda: [tf.identity(v) for v in values] + [tf.identity(bits)],
-                    through(owner.process_set, "global", True)]
-        for group in owner._groups:
-            branches.append(through(owner._set_of(group), "group", False))
+        branches = [lambda: [tf.identity(v) for v in values] + [tf.identity(bits)]]
+        branches += [through(process_set, kind, is_global) for process_set, kind, _, is_global in switch.branch_sets()]
         first = tf.logical_and(tf.logical_not(self._reference_set),
-                               tf.cast(step, tf.int64) >= owner.plan.policy.warmup_steps)
-        return tf.cond(first, establish, lambda: tf.switch_case(branch, branches, name=f"{owner.name}_switch"))
+                               tf.cast(step, tf.int64) >= switch.plan.policy.warmup_steps)
+        return tf.cond(first, establish, lambda: tf.switch_case(branch, branches, name=f"{self.name}_switch"))

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ..plan import BSP, GLOBAL, ring_allreduce_bytes
 from .functions import consensus_distance, synchronize_models
+from .optimizer import step_sync_of
 
 __all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback", "SyncStatsCallback"]
 
@@ -49,9 +50,9 @@ class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
 
     def _synchronize(self):
         synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)
-        sync = getattr(self.model.optimizer, "_dssync", None)
+        sync = step_sync_of(self.model.optimizer)
         if sync is not None and sync.process_set is self.process_set:
-            sync.forget_row_sets()  # every table is now equal on every rank: sparse averages restart empty
+            sync.sparse.forget()  # every table is now equal on every rank: sparse averages restart empty
 
 
 class ConsensusDistanceCallback(tf.keras.callbacks.Callback):
@@ -110,7 +111,7 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
         self._last = None  # (step, time, sync seconds) after the last step adapted to
 
     def on_train_begin(self, logs=None):
-        if self.model.optimizer._dssync.plan.adaptive is None:
+        if step_sync_of(self.model.optimizer).plan.adaptive is None:
             return
         per_execution = getattr(self.model, "_steps_per_execution", None)
         if per_execution is not None and int(per_execution.numpy()) != 1:
@@ -120,41 +121,42 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
-        sync = optimizer._dssync
+        sync = step_sync_of(optimizer)
         if sync.plan.adaptive is None:
             return
         step, now = optimizer.sync_step - 1, time.perf_counter()
         if self._last is not None and self._last[0] == step:
             return  # a pass that only accumulated gradients
-        seconds = math.nan if self._last is None else sync.sync_seconds - self._last[2]
+        seconds = math.nan if self._last is None else sync.guard.sync_seconds - self._last[2]
         compute = math.nan if self._last is None else now - self._last[1] - seconds
         sync.adapt(step, seconds, compute)
-        self._last = (step, time.perf_counter(), sync.sync_seconds)
+        self._last = (step, time.perf_counter(), sync.guard.sync_seconds)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._first_step = self.model.optimizer.sync_step
-        self._first_seconds = self.model.optimizer._dssync.sync_seconds
-        self._first_sparse_bytes = self.model.optimizer._dssync.sparse_bytes
+        sync = step_sync_of(self.model.optimizer)
+        self._first_seconds = sync.guard.sync_seconds
+        self._first_sparse_bytes = sync.sparse.sparse_bytes
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
         optimizer = self.model.optimizer
+        sync = step_sync_of(optimizer)
         gradients = _nbytes(self.model.trainable_variables)
         model = gradients
-        if optimizer._dssync_average_non_trainable:
+        if sync.config.average_buffers:
             model += _nbytes(v for v in self.model.non_trainable_variables if v.dtype.is_floating)
-        sync = optimizer._dssync
-        plan, by_rows = sync.plan, sync.row_sets is not None
-        sent = sync.sparse_bytes - self._first_sparse_bytes if by_rows else 0
+        plan, by_rows = sync.plan, sync.sparse.row_sets is not None
+        sent = sync.sparse.sparse_bytes - self._first_sparse_bytes if by_rows else 0
         for step in range(self._first_step, optimizer.sync_step):
             action = plan.action(step)
             if action.kind == BSP or not by_rows:
                 sent += ring_allreduce_bytes(len(action.group), gradients if action.kind == BSP else model)
         logs[self.key] = sent
         if by_rows:
-            logs["dssync_row_set"] = sync.row_sets.total()
-        logs[self.seconds_key] = optimizer._dssync.sync_seconds - self._first_seconds
+            logs["dssync_row_set"] = sync.sparse.row_sets.total()
+        logs[self.seconds_key] = sync.guard.sync_seconds - self._first_seconds
         if plan.adaptive is not None:
             decision = plan.adaptive.decision
             logs["dssync_global_averaging"] = float(decision.mode == GLOBAL)

@@ -29,7 +29,19 @@ from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "step_sync_of"]
+
+
+def step_sync_of(optimizer):
+    """The :class:`.sync.StepSync` of a DS-Sync Keras optimizer (inside a loss-scale wrapper too), or None for
+    any other optimizer: what the callbacks read (its plan, its parts' figures).
+
+    Example::
+
+        sync = step_sync_of(model.optimizer)
+        sync.guard.sync_seconds      # wall time this rank spent in its averages
+    """
+    return getattr(getattr(optimizer, "inner_optimizer", optimizer), "_dssync", None)
 
 
 class _LocalSteps:
@@ -179,7 +191,7 @@ class _DSSyncOptimizer(_LocalSteps):
     @property
     def dssync_decisions(self):
         """The adaptive policy's decisions so far (dicts, as the PyTorch adapter's ``last_sync["decision"]``)."""
-        return self._dssync.decisions
+        return self._dssync.adaptive.decisions
 
     def _allreduce_grads(self, grads, vars=None):
         """``grads`` averaged over all ranks, as Horovod's (and DS-Sync's warm-up) gradient allreduce.
@@ -196,15 +208,15 @@ class _DSSyncOptimizer(_LocalSteps):
         self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
         averaged = self._dssync_averaged(variables)
         tables = self._dssync_row_tables(grads, variables, averaged)
-        self._dssync.use_row_sets([variables[i] for i in tables])
+        self._dssync.sparse.use([variables[i] for i in tables])
         # The wrapped optimizer's own gradient aggregation runs inside; it is not a wrapper's call.
         object.__setattr__(self, "_dssync_applying", True)
         try:
             with tf.control_dependencies([self._dssync.adopt_root_step(self.iterations)]):
                 first_pass = tf.equal(tf.math.floormod(self.iterations, self._dssync_passes), 0)
-                started = self._dssync.start_rows(first_pass)
+                started = self._dssync.sparse.start(first_pass)
             with tf.control_dependencies([started]):
-                touched = self._dssync.touch_rows([grads[i].indices for i in tables])
+                touched = self._dssync.sparse.touch([grads[i].indices for i in tables])
             with tf.control_dependencies([touched]):
                 if self._dssync_passes == 1:
                     iteration, _ = self._dssync_step(grads, variables, averaged, tf.identity(self.iterations),

@@ -16,22 +16,25 @@ __all__ = ["SparseRows", "changes_other_rows"]
 
 
 class SparseRows:
-    """The rows of ``owner``'s embedding tables that may differ between ranks.
+    """The rows of the embedding tables that may differ between ranks.
 
-    ``owner`` is the :class:`hvd_dssync.keras.sync.StepSync`: its plan, process sets, groups, op names and
-    averaging are read from it when the step is traced.
+    ``name`` names its ops; ``process_set`` is the optimizer's (the tables' equality is checked over it);
+    ``average(values, process_set, kind)`` is the exact average the switch's branches use
+    (:class:`.averaging.ExactAverage`). :meth:`average` gets the step's :class:`.switch.Switch`.
 
     Example::
 
-        sparse = SparseRows(sync)
+        sparse = SparseRows("DSSyncSGD_0", hvd.global_process_set, ExactAverage("DSSyncSGD_0"))
         sparse.use([embedding.embeddings])          # when the step is traced
         started = sparse.start(first_pass)          # at the start of a step
         touched = sparse.touch([grad.indices])      # after the local update
-        dense, averaged, writes, means = sparse.average(variables, values, bits, branch)
+        dense, averaged, writes, means = sparse.average(switch, variables, values, bits, branch)
     """
 
-    def __init__(self, owner):
-        self._owner = owner
+    def __init__(self, name, process_set, average):
+        self.name = name
+        self.process_set = process_set
+        self.exact_average = average
         self._tables, self.row_sets = [], None
         self._checks = 0  # runs of the step whose equality check ran (see start)
         self.sparse_bytes = 0  # bytes sent by averages that moved rows (see average)
@@ -73,7 +76,6 @@ class SparseRows:
         """
         if self.row_sets is None:
             return tf.no_op()
-        owner = self._owner
 
         def due(first):
             return np.bool_(bool(first) and self._checks < 2)
@@ -87,12 +89,12 @@ class SparseRows:
         def check():
             fingerprints = tf.concat([_fingerprint(t) for t in self._tables], 0)
             extremes = hvd.allreduce(tf.concat([fingerprints, -fingerprints], 0), op=hvd.Max, ignore_name_scope=True,
-                                     name=f"{owner.name}_rows_equal", process_set=owner.process_set)
+                                     name=f"{self.name}_rows_equal", process_set=self.process_set)
             n = len(self._tables) * 2
             equal = tf.reduce_all(tf.equal(extremes[:n], -extremes[n:]))  # the largest equals the smallest
-            return tf.numpy_function(checked, [equal], tf.bool, stateful=True, name=f"{owner.name}_rows_checked")
+            return tf.numpy_function(checked, [equal], tf.bool, stateful=True, name=f"{self.name}_rows_checked")
 
-        need = tf.numpy_function(due, [first_pass], tf.bool, stateful=True, name=f"{owner.name}_rows_due")
+        need = tf.numpy_function(due, [first_pass], tf.bool, stateful=True, name=f"{self.name}_rows_due")
         need.set_shape([])
         return tf.cond(need, check, lambda: tf.constant(False))
 
@@ -109,14 +111,14 @@ class SparseRows:
             return np.bool_(True)
 
         return tf.numpy_function(touch, [tf.cast(i, tf.int64) for i in indices], tf.bool, stateful=True,
-                                 name=f"{self._owner.name}_touch_rows")
+                                 name=f"{self.name}_touch_rows")
 
     def forget(self):
         """After an exact average and broadcast over every rank (``synchronize_models``): no row may differ."""
         if self.row_sets is not None:
             self.row_sets.clear()
 
-    def average(self, variables, values, bits, branch):
+    def average(self, switch, variables, values, bits, branch):
         """The averaging switch with embedding tables averaged over the rows of the group's union.
 
         A communicating branch gathers the members' row sets (one allgather of ids), every member adopts
@@ -126,7 +128,6 @@ class SparseRows:
         ``(table, indices, rows)`` to write, and the step bits' means. ``values`` holds the dense variables'
         values (None for the tables, whose rows are gathered from the variables).
         """
-        owner = self._owner
         positions = self.positions()
         tables = sorted((i for i, v in enumerate(variables) if v.ref() in positions),
                         key=lambda i: positions[variables[i].ref()])
@@ -156,7 +157,7 @@ class SparseRows:
 
         def through(process_set, kind, size, is_global):
             def run():
-                prefix = f"{owner.name}_{kind}_{process_set.process_set_id}"
+                prefix = f"{self.name}_{kind}_{process_set.process_set_id}"
                 mine = tf.numpy_function(lambda: pack_rows(self.row_sets), [], tf.as_dtype(ids), stateful=True,
                                          name=f"{prefix}_pack")
                 mine.set_shape([None])
@@ -166,15 +167,12 @@ class SparseRows:
                 for index in indices:
                     index.set_shape([None])
                 rows = [tf.gather(variables[i], index) for i, index in zip(tables, indices)]
-                *averaged, means = owner.averaging.allreduce([values[i] for i in dense] + rows + [bits], process_set,
-                                                             kind)
+                *averaged, means = self.exact_average([values[i] for i in dense] + rows + [bits], process_set, kind)
                 return averaged + list(indices) + [means]
             return run
 
-        branches = [keep, through(owner.process_set, "global", owner.plan.world_size, True)]
-        for group in owner._groups:
-            branches.append(through(owner._set_of(group), "group", len(group), False))
-        out = tf.switch_case(branch, branches, name=f"{owner.name}_switch")
+        branches = [keep] + [through(*branch_set) for branch_set in switch.branch_sets()]
+        out = tf.switch_case(branch, branches, name=f"{self.name}_switch")
         n, k = len(dense), len(tables)
         writes = [(variables[i], out[n + k + j], out[n + j]) for j, i in enumerate(tables)]
         return [variables[i] for i in dense], out[:n], writes, out[-1]

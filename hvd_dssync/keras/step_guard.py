@@ -21,23 +21,22 @@ SIGNATURE_LENGTH = len(step_signature(0))
 
 
 class StepGuard:
-    """The signature of ``owner``'s steps, the watchdog over its waits and the seconds they took.
+    """The signature of a step, the watchdog over its waits and the seconds they took.
 
-    ``owner`` is the :class:`hvd_dssync.keras.sync.StepSync`: the guard reads its plan, scope, groups and op
-    names when the step is traced, since the world (and with it the plan) can change under elastic Horovod.
+    ``name`` names its ops; the calls that need the groups get the step's :class:`.switch.Switch`.
 
     Example::
 
-        guard = StepGuard(sync)
+        guard = StepGuard("DSSyncSGD_0")
         bits = guard.signature(step, values[0].dtype)
-        begun = guard.begin(branch, step, "group")
-        ...                                              # the average of values + [bits]: means last
+        begun = guard.begin(switch, branch, step, "group")
+        ...                                                      # the average of values + [bits]: means last
         ended = guard.end(begun)
-        checked = guard.check(means, step, group_size)   # after ended
+        checked = guard.check(switch, means, step, group_size)   # after ended
     """
 
-    def __init__(self, owner):
-        self._owner = owner
+    def __init__(self, name):
+        self.name = name
         self.watchdog = process_watchdog(hvd.shutdown)
         self._open, self._opened = {}, itertools.count()
         self.sync_seconds = 0.0  # wall time this rank spent in its averages, as seen from Python
@@ -51,46 +50,42 @@ class StepGuard:
             return step_signature(step).astype(dtype.as_numpy_dtype)
 
         out = tf.numpy_function(bits, [tf.cast(step, tf.int64)], dtype, stateful=False,
-                                name=f"{self._owner.name}_step_bits")
+                                name=f"{self.name}_step_bits")
         out.set_shape([SIGNATURE_LENGTH])
         return out
 
-    def check(self, means, step, group_size):
+    def check(self, switch, means, step, group_size):
         """An assertion that every member of the group that averaged ``means`` (its signatures) is at ``step``.
 
         Op names do not carry the step, so a rank a step behind would otherwise average silently with the
         peers of another step whenever its group recurs; every member sees the same means, so all stop
         together. The decision is the core's :func:`steps_differ`.
         """
-        owner = self._owner
         means = tf.cast(means, tf.float64)
 
         def differ(means, members):
             return np.bool_(steps_differ(means * members, members))
 
         split = tf.numpy_function(differ, [means, tf.cast(group_size, tf.float64)], tf.bool, stateful=False,
-                                  name=f"{owner.name}_steps_differ")
+                                  name=f"{self.name}_steps_differ")
         split.set_shape([])
         group_mean = tf.reduce_sum(means * tf.constant([2.0 ** i for i in range(SIGNATURE_LENGTH)], tf.float64))
         return tf.debugging.Assert(
             tf.logical_not(split),
-            [f"hvd_dssync: ranks are at different DS-Sync steps: rank {owner.plan.rank} is at step",
+            [f"hvd_dssync: ranks are at different DS-Sync steps: rank {switch.plan.rank} is at step",
              tf.cast(step, tf.int64), "while the members of its group (size", group_size,
              ") average to step", group_mean, "(every member must be at the same step; a rank that "
              "restored another checkpoint, or ran a step the others did not, differs)"],
-            summarize=SIGNATURE_LENGTH, name=f"{owner.name}_step_check")
+            summarize=SIGNATURE_LENGTH, name=f"{self.name}_step_check")
 
-    def begin(self, branch, step, kind):
+    def begin(self, switch, branch, step, kind):
         """An op that opens this step's communication when ``branch`` communicates; returns its id tensor.
 
         In Python, once per step: it notes the time (``sync_seconds`` adds up the communication) and arms
         the process's watchdog (see :mod:`hvd_dssync.watchdog`), naming the group, which is resolved here
         at trace time. :meth:`end` closes it.
         """
-        owner = self._owner
-        rank, world = hvd.rank(), owner._scope.ranks
-        groups = {owner.GLOBAL_BRANCH: world,
-                  **{owner.FIRST_GROUP_BRANCH + i: owner._scope.to_global(g) for i, g in enumerate(owner._groups)}}
+        rank, world, groups = hvd.rank(), switch.scope.ranks, switch.global_groups()
 
         def begin(branch, step):
             group = groups.get(int(branch))
@@ -103,7 +98,7 @@ class StepGuard:
             return np.int64(opened)
 
         return tf.numpy_function(begin, [branch, tf.cast(step, tf.int64)], tf.int64, stateful=True,
-                                 name=f"{owner.name}_begin")
+                                 name=f"{self.name}_begin")
 
     def end(self, opened):
         """An op that closes what :meth:`begin` opened: the watchdog disarmed, the seconds counted."""
@@ -114,4 +109,4 @@ class StepGuard:
                 self.sync_seconds += time.perf_counter() - started
             return np.int64(0)
 
-        return tf.numpy_function(end, [opened], tf.int64, stateful=True, name=f"{self._owner.name}_end")
+        return tf.numpy_function(end, [opened], tf.int64, stateful=True, name=f"{self.name}_end")

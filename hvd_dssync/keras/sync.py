@@ -7,10 +7,12 @@ from the step tensor at run time. The branch of every step comes from a table fi
 :meth:`SyncPlan.action` in Python, so the graph and the PyTorch adapter follow the same schedule and
 policy code.
 
-:class:`StepSync` holds the plan, the process sets and the switch's branches; its parts do one job each:
-the averages (:mod:`.averaging`), the embedding tables' rows (:mod:`.sparse_rows`), the adaptive policy's
-window (:mod:`.adaptive_step`), the step signature and the watchdog (:mod:`.step_guard`), the exit drain
-(:mod:`.exit`).
+:class:`StepSync` holds the plan, its process sets and the step's switch (:class:`.switch.Switch`, made
+anew with each plan), and builds the parts with what each needs; they do one job each: the averages
+(:mod:`.averaging`), the embedding tables' rows (:mod:`.sparse_rows`), the adaptive policy's window
+(:mod:`.adaptive_step`), the step signature and the watchdog (:mod:`.step_guard`), the exit drain
+(:mod:`.exit`). Its step methods (:meth:`StepSync.gradients`, :meth:`StepSync.average`,
+:meth:`StepSync.adapt`) hand the parts the switch and the world check.
 
 Elastic Horovod (``HOROVOD_ELASTIC=1``): a worker that joins builds its optimizer while the others are
 inside ``hvd.elastic.run``'s state sync, so nothing communicates at construction; the agreement check and
@@ -25,16 +27,17 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..plan import BSP, GLOBAL, GROUP, LOCAL, Action, carry_fate, check_ranks_agree
+from ..plan import check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
 from .adaptive_step import AdaptiveStep
-from .functions import allgather_job_rows
-from .averaging import Averaging
+from .averaging import Averaging, ExactAverage
 from .exit import watch_until_exit
+from .functions import allgather_job_rows
 from .graph_plan import make_plan
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
+from .switch import FIRST_GROUP_BRANCH, GLOBAL_BRANCH, KEEP_BRANCH, Switch
 
 __all__ = ["StepSync", "make_plan"]
 
@@ -64,76 +67,50 @@ class StepSync:
         sync.average(variables, step)
     """
 
-    # Branches of the step's switch: no model averaging (a bulk-synchronous step, or a group of one),
-    # the average over all ranks, then one branch per distinct group of this rank.
-    KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH = 0, 1, 2
+    # Branches of the step's switch (hvd_dssync.keras.switch).
+    KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH = KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, device_dense="", name="DSSync", config=None, scope=None,
                  process_set=hvd.global_process_set):
         self.compression = compression
-        # Inside a process set: the set's ranks, by position (see hvd_dssync.scope); else the whole job.
-        self._scope = scope
         self.process_set = process_set
-        self.averaging = Averaging(self)
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
-        self.device_dense = device_dense
         self.config = config
         self._registry = registry_for(hvd)
-        self.guard = StepGuard(self)
-        self.adaptive = AdaptiveStep(self)
-        # Sparse averaging of embedding tables (see use_row_sets).
-        self.sparse = SparseRows(self)
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
+        # Inside a process set: the set's ranks, by position (see hvd_dssync.scope); else the whole job.
+        self._scope = scope
+        if self._in_process_set():
+            # Before this object takes its op-name number: a refused set must not shift the later ones'.
+            acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras",
+                               allgather_rows=allgather_job_rows)
+        # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
+        # fresh, and its op names must equal the survivors'.
+        self.name = f"{name}_{next(_instances)}"
+        # The parts, each given what it needs; the switch of the plan comes with each call.
+        self.guard = StepGuard(self.name)
+        self.adaptive = AdaptiveStep(self.name)
+        exact_average = ExactAverage(self.name, compression, device_dense)
+        self.sparse = SparseRows(self.name, process_set, exact_average)  # embedding tables by their rows
+        horovod_settings = {"op": op, "compression": compression, "gradient_predivide_factor": gradient_predivide_factor,
+                            "sparse_as_dense": sparse_as_dense, "device_dense": device_dense}
+        self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
         # Created here, eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
             self._adopted = tf.Variable(False, trainable=False, name="dssync_step_adopted")
         self._use(plan)
-        # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
-        # fresh, and its op names must equal the survivors'.
-        self.name = f"{name}_{next(_instances)}"
         watch_until_exit(self)
-
-    # --- what the optimizer, the callbacks and the tests read ---------------------------------
-
-    @property
-    def sync_seconds(self):
-        """Wall time this rank spent in its averages, as seen from Python."""
-        return self.guard.sync_seconds
-
-    @property
-    def decisions(self):
-        """The adaptive policy's decisions, as dicts (see :meth:`adapt`)."""
-        return self.adaptive.decisions
-
-    @property
-    def row_sets(self):
-        """The embedding tables' :class:`hvd_dssync.sparse.RowSets`, or None (see :meth:`use_row_sets`)."""
-        return self.sparse.row_sets
-
-    @property
-    def sparse_bytes(self):
-        """Bytes sent by averages that moved rows."""
-        return self.sparse.sparse_bytes
 
     # --- the plan, its process sets and the ranks' agreement ----------------------------------
 
     def _use(self, plan):
         self.plan = plan
-        if self._in_process_set():
-            # Before this object takes its op-name number: a refused set must not shift the later ones'.
-            acquire_registered(hvd, self._scope, plan.schedule.window_groups(0), "hvd_dssync.keras",
-                               allgather_rows=allgather_job_rows)
-        else:
+        if not self._in_process_set():
             self._scope = Scope(tuple(range(plan.world_size)), plan.rank)
-        self._groups = tuple(sorted({g for p in plan.schedule.partitions(0) for g in p
-                                     if plan.rank in g and 1 < len(g) < plan.world_size}))
+        self.switch = Switch.of(plan, self._scope, self.process_set, self._registry)
         self._table = self._branch_table()
-        self.bridges = self._bridge_table()
         if plan.adaptive is not None:
             self.adaptive.use(self._table)
 
@@ -253,12 +230,7 @@ class StepSync:
 
     def branch_of(self, step, action=None):
         """The switch branch of ``step`` (an integer), or of ``action`` when given."""
-        action = action or self.plan.action(step)
-        if action.kind in (BSP, LOCAL) or len(action.group) == 1:
-            return self.KEEP_BRANCH
-        if action.kind == GLOBAL or len(action.group) == self.plan.world_size:
-            return self.GLOBAL_BRANCH
-        return self.FIRST_GROUP_BRANCH + self._groups.index(action.group)
+        return self.switch.branch_of(action or self.plan.action(step))
 
     def _branch_table(self):
         """Branches for the steps after warm-up, one period long: the policy and cycle repeat after it.
@@ -269,31 +241,9 @@ class StepSync:
         policy, schedule = self.plan.policy, self.plan.schedule
         start = policy.warmup_steps
         if self.plan.adaptive is not None:
-            return self.adaptive.table(start)
+            return self.adaptive.table(self.switch, start)
         period = policy.period() * len(schedule.partitions(0))
         return np.array([self.branch_of(start + i) for i in range(period)], dtype=np.int32)
-
-    def _bridge_table(self):
-        """This rank's exact bridges by switch branch, or None where it never crosses on one: ``(crossing,
-        scales, carries, adds)``, float arrays indexed by branch (:meth:`hvd_dssync.plan.SyncPlan.bridge`).
-        At a ``crossing`` branch the rank sends the model its last average left times ``scales`` and adds the
-        average's move to its model; at the others it sends its model plus ``adds`` times the carry waiting
-        (the group branches add it, the global one drops it); after the average it carries ``carries``
-        times its move. The schedule has one endless window here, so a group's bridge is the same wherever
-        it comes round."""
-        schedule, rank = self.plan.schedule, self.plan.rank
-        size = self.FIRST_GROUP_BRANCH + len(self._groups)
-        crossing, scales, carries = np.zeros(size), np.ones(size), np.zeros(size)
-        for at in range(len(schedule.partitions(0))):
-            bridge = schedule.bridge(rank, at)
-            if bridge is not None:
-                branch = self.branch_of(None, Action(GROUP, schedule.group_of(rank, at)))
-                crossing[branch], scales[branch], carries[branch] = 1.0, bridge.scale, bridge.carry
-        if not crossing.any():
-            return None
-        kind_of = {self.KEEP_BRANCH: LOCAL, self.GLOBAL_BRANCH: GLOBAL}  # every other branch is a group's
-        adds = np.array([float(carry_fate(kind_of.get(branch, GROUP)) == "add") for branch in range(size)])
-        return crossing, scales, carries, adds
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""
@@ -310,43 +260,29 @@ class StepSync:
     def _in_process_set(self):
         return self.process_set is not hvd.global_process_set
 
-    def _set_of(self, group):
-        """The Horovod process set of ``group`` (positions in the scope)."""
-        return self._registry.get(self._scope.to_global(group))
-
-    # --- the parts' work, under the names the optimizer and the callbacks call -------------------
+    # --- the step: the parts' work, with the switch of the plan and the world check -------------
 
     def gradients(self, grads, step):
-        """``grads`` averaged over all ranks in a warm-up step, else unchanged (:meth:`Averaging.gradients`)."""
-        return self.averaging.gradients(grads, step)
+        """``grads`` averaged over all ranks in a warm-up step, else unchanged
+        (:meth:`.averaging.Averaging.gradients`)."""
+        return self.averaging.gradients(self.switch, grads, step, self.world_check())
 
     def allreduce_gradients(self, grads):
-        """``grads`` reduced over all ranks, at any step (:meth:`Averaging.allreduce_gradients`)."""
-        return self.averaging.allreduce_gradients(grads)
+        """``grads`` reduced over all ranks, at any step (:meth:`.averaging.Averaging.allreduce_gradients`)."""
+        return self.averaging.allreduce_gradients(self.switch, grads, self.world_check())
 
     def average(self, variables, step):
-        """Assign to ``variables`` their average inside this rank's group at ``step`` (:meth:`Averaging.average`)."""
-        return self.averaging.average(variables, step)
+        """An op that assigns to ``variables`` their average inside this rank's group at ``step`` (a tensor)."""
+        variables = list(variables)
+        check = self.world_check()
+        if self.plan.world_size == 1 or not variables or not self._table.any():
+            return tf.group(*check)
+        return self.averaging.average(self.switch, variables, step, self.branch(step), check)
 
     def adapt(self, step, seconds, compute_seconds):
-        """Note a step's figures under the adaptive policy and decide at a decision step (:meth:`AdaptiveStep.adapt`)."""
-        return self.adaptive.adapt(step, seconds, compute_seconds)
-
-    def use_row_sets(self, tables):
-        """Average the embedding ``tables`` over the rows that may differ (:meth:`SparseRows.use`)."""
-        self.sparse.use(tables)
-
-    def start_rows(self, first_pass):
-        """The op that empties the row sets when the tables are equal everywhere (:meth:`SparseRows.start`)."""
-        return self.sparse.start(first_pass)
-
-    def touch_rows(self, indices):
-        """The op that notes the rows this rank's update may change (:meth:`SparseRows.touch`)."""
-        return self.sparse.touch(indices)
-
-    def forget_row_sets(self):
-        """After an exact average and broadcast over every rank: no row may differ (:meth:`SparseRows.forget`)."""
-        self.sparse.forget()
+        """Note a step's figures under the adaptive policy and decide at a decision step
+        (:meth:`.adaptive_step.AdaptiveStep.adapt`)."""
+        return self.adaptive.adapt(self.switch, step, seconds, compute_seconds)
 
 
 def _dense_values(gradient):

@@ -13,19 +13,27 @@ import torch
 
 from ..differences import compress_difference, mix_difference
 from ..plan import GLOBAL, LOCAL, carry_fate, ring_allreduce_bytes
+from ..world import Done
 from . import collectives
 
 __all__ = ["Averaging"]
 
 
 class Averaging:
-    """How ``owner``'s model is averaged.
+    """How the model is averaged.
 
-    ``owner`` is the DS-Sync optimizer: its plan, scope, process sets (``_registry``), step, op names, step
-    guard, sparse rows and adaptive figures are read from it, since the world (and with it the plan and the
-    scope) can change under elastic Horovod.
+    Each call gets the :class:`hvd_dssync.world.World` it runs in (the plan, the scope, the optimizer's
+    process set: elastic Horovod can replace them) and the step, and returns what it did
+    (:class:`hvd_dssync.world.Done`); the parts it works with are given here.
 
     Args:
+        optimizer: the optimizer whose ``param_groups`` say which parameters train.
+        named_parameters: ``(name, parameter)`` of the model, as the optimizer was given them.
+        name: the optimizer's op names.
+        registry: the process sets of the schedule's groups (:class:`hvd_dssync.process_sets.ProcessSetRegistry`).
+        guard: the step guard (:class:`.step_guard.StepGuard`).
+        sparse: the sparse rows of embedding tables (:class:`.sparse_rows.SparseRows`).
+        adaptive: the adaptive policy's figures (:class:`.adaptive_step.AdaptiveStep`).
         model: the module whose floating-point buffers are averaged too, or None.
         average_buffers: False keeps the buffers local.
         overlap: start the average asynchronously and fold it in at the next step.
@@ -34,13 +42,21 @@ class Averaging:
 
     Example::
 
-        averaging = Averaging(optimizer, model, average_buffers=True, overlap=False,
-                              compression=hvd.Compression.none, outer_momentum=0.0)
-        averaging.average_model(plan.action(optimizer.sync_step))
+        averaging = Averaging(optimizer, named_parameters, "dssync.0", registry, guard, sparse, adaptive,
+                              model, average_buffers=True, overlap=False, compression=hvd.Compression.none,
+                              outer_momentum=0.0)
+        done = averaging.average_model(world, plan.action(step), step)
     """
 
-    def __init__(self, owner, model, average_buffers, overlap, compression, outer_momentum):
-        self._owner = owner
+    def __init__(self, optimizer, named_parameters, name, registry, guard, sparse, adaptive, model, average_buffers,
+                 overlap, compression, outer_momentum):
+        self.optimizer = optimizer
+        self.named_parameters = list(named_parameters)
+        self.name = name
+        self.registry = registry
+        self.guard = guard
+        self.sparse = sparse
+        self.adaptive = adaptive
         self.model = model
         self.average_buffers = average_buffers
         self.overlap = overlap
@@ -60,9 +76,8 @@ class Averaging:
         Frozen parameters and those the optimizer does not train never change locally. Buffers are looked
         up at each step because ``model.to()``, ``.half()`` or SyncBatchNorm conversion replace them.
         """
-        owner = self._owner
-        trained = {id(p) for group in owner.param_groups for p in group["params"] if p.requires_grad}
-        tensors = [(name, p) for name, p in owner._named_parameters if id(p) in trained]
+        trained = {id(p) for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad}
+        tensors = [(name, p) for name, p in self.named_parameters if id(p) in trained]
         if self.model is not None and self.average_buffers:
             tensors += [(f"buffer.{name}", b) for name, b in self.model.named_buffers() if b.is_floating_point()]
         return tensors
@@ -75,78 +90,80 @@ class Averaging:
         self._carry = None
         self._agreed = None
 
-    def enter_window(self):
+    def drop_pending(self):
+        """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
+        model keeps this rank's own update."""
+        self._pending = None
+
+    def enter_window(self, world, step):
         """Register the process sets of the schedule's window at this step and release the last window's, when
         the step enters a new window (collectives: every rank at the same step)."""
-        owner = self._owner
-        change = owner._plan.window_change(owner.sync_step)
-        if change is not None and not owner._in_process_set():
+        change = world.plan.window_change(step)
+        if change is not None and not world.in_process_set:
             acquire, release = change
-            owner._registry.acquire(acquire)
-            owner._registry.release(release)
+            self.registry.acquire(acquire)
+            self.registry.release(release)
 
-    def warm_window_sets(self):
+    def warm_window_sets(self, world):
         """One tiny allreduce on each process set this rank belongs to among the first window's groups and
         the later windows' groups already registered (statically, by :func:`init`), so that Horovod's
         one-off set-up of a set's first collective is taken here and not by the first average in it. Only
         where every rank belongs to as many of the sets: every Horovod op advances the counter that names a
         script's unnamed ops."""
-        owner = self._owner
-        if owner._in_process_set():
+        if world.in_process_set:
             return
-        schedule, scope = owner._plan.schedule, owner._scope
+        schedule, scope = world.plan.schedule, world.scope
         size = scope.world_size
         groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
-        sets = owner._registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
+        sets = self.registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
         groups = [g for g in groups if scope.to_global(g) in sets]
         counts = {sum(position in g for g in groups) for position in range(size)}
         if not groups or len(counts) != 1:
             return
-        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{owner._name}.warm.{k}", op=hvd.Sum,
+        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{self.name}.warm.{k}", op=hvd.Sum,
                                         process_set=sets[scope.to_global(g)])
                    for k, g in enumerate(groups) if scope.rank in g]
         for handle in handles:
             collectives.wait(handle)
 
-    def average_model(self, action):
-        """The step's average of the model inside ``action``'s group (every rank of the scope at the same step)."""
-        owner = self._owner
-        guard, sparse, step = owner._guard, owner._sparse, owner.sync_step
-        self.finish_pending()
+    def average_model(self, world, action, step):
+        """The step's average of the model inside ``action``'s group (every rank of the scope at the same step).
+
+        Returns what this step's synchronization did (:class:`hvd_dssync.world.Done`): with ``overlap``, the
+        average that finished at this step (None before the first), since this step's is in flight.
+        """
+        guard, sparse = self.guard, self.sparse
+        finished = self.finish_pending(world)
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
-            owner._record(action, 0.0, 0)
-            return
+            return Done(action)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
-        self.enter_window()
+        self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
-            self._establish_reference(action)
-            return
-        process_set = self._process_set_of(action)
+            return self._establish_reference(world, action, step)
+        process_set = self._process_set_of(world, action)
         if process_set is None:
-            owner._record(action, 0.0, 0)
-            return
+            return Done(action)
         if len(action.group) == 1:
             # Nobody to average with, so the model stays put; tiny ops on this rank's own set all the same,
             # as many as a group's members issue (sparse averaging gathers the row sets first), since Horovod
             # names a user's unnamed ops by counting every op of the process: every rank must issue as many
             # ops as the others.
             for k in range(1 if sparse.row_sets is None else 2):
-                collectives.allreduce_(torch.zeros(1), name=f"{owner._name}.alone.{k}", op=hvd.Sum,
+                collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.{k}", op=hvd.Sum,
                                        process_set=process_set)
-            owner._record(action, 0.0, 0)
-            return
+            return Done(action)
         named = [(n, t.data) for n, t in self.tensors()]
-        name = f"{owner._name}.{action.kind}.{process_set.process_set_id}"
+        name = f"{self.name}.{action.kind}.{process_set.process_set_id}"
         writes, gathered_bytes, unions = [], 0, None
         if sparse.row_sets is not None:
-            with guard.bounded(action, step):
+            with guard.bounded(world, action, step):
                 named, writes, gathered_bytes, unions = sparse.rows_to_average(named, action, process_set, name)
         tensors = [t for _, t in named]
-        bridge = owner._plan.bridge(step) if sparse.row_sets is None else None  # rows: the bridge averages plainly
+        bridge = world.plan.bridge(step) if sparse.row_sets is None else None  # rows: the bridge averages plainly
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = ring_allreduce_bytes(len(action.group), nbytes) + gathered_bytes
         # Rides along, uncompressed, so that the members find out if they are at different steps.
-        signature = guard.signature(tensors)
+        signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
         if self.overlap:
             sent = self._agreed_models(tensors) if bridge is not None else [t.detach().clone() for t in tensors]
@@ -155,19 +172,19 @@ class Averaging:
                                                   process_set=process_set)
             self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
                              started, sent_bytes, bridge)
-            return
+            return finished
         # A bridge averages copies of the model this rank agreed on with its rack; anything else, the model.
         sent = self._agreed_models(tensors) if bridge is not None else None
         work = self._contribution(tensors if sent is None else [t.clone() for t in sent], bridge, carry)
-        with guard.bounded(action, step):
-            if self.compression is hvd.Compression.none and owner._plan.adaptive is not None:
-                signature = owner._adaptive.average(work, signature, name, process_set, action)
+        with guard.bounded(world, action, step):
+            if self.compression is hvd.Compression.none and world.plan.adaptive is not None:
+                signature = self.adaptive.average(world, step, work, signature, name, process_set, action)
             elif self.compression is hvd.Compression.none:
                 collectives.grouped_allreduce_(work + [signature], name=name, op=hvd.Average,
                                                process_set=process_set)
             else:
                 sent_bytes, signature = self._average_differences(work, action, process_set, name, signature)
-        guard.check(signature * len(action.group), action, process_set, step)
+        guard.check(world, signature * len(action.group), action, process_set, step)
         if sent is not None:
             self._cross(tensors, sent, work, bridge)
         with torch.no_grad():
@@ -176,25 +193,20 @@ class Averaging:
         if unions is not None:
             sparse.averaged(unions, action)
         self._outer_step()
-        self._remember(tensors)
-        owner._record(action, time.perf_counter() - started, sent_bytes,
-                      sparse_rows=sum(len(index) for _, index, _ in writes))
+        self._remember(world, tensors)
+        return Done(action, time.perf_counter() - started, sent_bytes,
+                    sparse_rows=sum(len(index) for _, index, _ in writes))
 
-    def finish_pending(self):
-        """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
+    def finish_pending(self, world):
+        """Fold in an averaging still in flight (``overlap=True``); a collective on every rank. Returns what it
+        did (:class:`hvd_dssync.world.Done`), or None if nothing was in flight."""
         if self._pending is None:
-            return
-        owner = self._owner
-        if owner._world_changed():
-            # Horovod was re-initialized (elastic reset): the averaging died with the old world, and
-            # the model keeps this rank's own update.
-            self._pending = None
-            return
+            return None
         handle, tensors, sent, received, signature, action, step, process_set, started, nbytes, bridge = self._pending
         self._pending = None
-        with owner._guard.bounded(action, step):
+        with self.guard.bounded(world, action, step):
             collectives.wait(handle)
-        owner._guard.check(signature * len(action.group), action, process_set, step)
+        self.guard.check(world, signature * len(action.group), action, process_set, step)
         if bridge is not None:
             self._cross(tensors, sent, received, bridge)
         else:
@@ -202,8 +214,8 @@ class Averaging:
                 for tensor, before, averaged in zip(tensors, sent, received):
                     tensor.add_(averaged - before)
         self._outer_step()
-        self._remember(tensors)
-        owner._record(action, time.perf_counter() - started, nbytes)
+        self._remember(world, tensors)
+        return Done(action, time.perf_counter() - started, nbytes)
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be
@@ -216,11 +228,10 @@ class Averaging:
         return self._agreed is not None and len(self._agreed) == len(tensors) \
             and all(a.shape == t.shape and a.dtype == t.dtype for a, t in zip(self._agreed, tensors))
 
-    def _remember(self, tensors):
+    def _remember(self, world, tensors):
         """After an average: keep the model it left, which this rank's next exact bridge sends (into the same
         buffers, as long as the model keeps its shapes)."""
-        owner = self._owner
-        if not owner._plan.schedule.has_bridges or owner._sparse.row_sets is not None:
+        if not world.plan.schedule.has_bridges or self.sparse.row_sets is not None:
             return
         if self._agreed_fits(tensors):
             with torch.no_grad():
@@ -250,34 +261,32 @@ class Averaging:
                     t.mul_(bridge.scale)
         return tensors
 
-    def _process_set_of(self, action):
+    def _process_set_of(self, world, action):
         """The Horovod process set of ``action``'s group (positions in the scope); ``None``: nothing to average."""
-        owner = self._owner
-        if action.kind == GLOBAL or len(action.group) == owner._scope.world_size:
-            return owner.process_set
-        if owner._in_process_set() and len(action.group) == 1:
+        if action.kind == GLOBAL or len(action.group) == world.scope.world_size:
+            return world.process_set
+        if world.in_process_set and len(action.group) == 1:
             return None  # a group of one keeps its model; no set was registered for it
-        return owner._registry.get(owner._scope.to_global(action.group))
+        return self.registry.get(world.scope.to_global(action.group))
 
-    def _establish_reference(self, action):
+    def _establish_reference(self, world, action, step):
         """The first averaging step under lossy compression: an exact average over the scope sets the reference.
 
         Every rank of the scope reaches its first averaging step at the same step, whatever its group.
         """
-        owner = self._owner
-        size, process_set, step = owner._scope.world_size, owner.process_set, owner.sync_step
+        size, process_set = world.scope.world_size, world.process_set
         tensors = [t.data for _, t in self.tensors()]
         started = time.perf_counter()
         everyone = action._replace(kind=GLOBAL, group=tuple(range(size)))
-        signature = owner._guard.signature(tensors)
-        with owner._guard.bounded(everyone, step):
+        signature = self.guard.signature(world, tensors, step)
+        with self.guard.bounded(world, everyone, step):
             collectives.grouped_allreduce_(tensors + [signature],
-                                           name=f"{owner._name}.reference.{process_set.process_set_id}",
+                                           name=f"{self.name}.reference.{process_set.process_set_id}",
                                            op=hvd.Average, process_set=process_set)
-        owner._guard.check(signature * size, everyone, process_set, step)
+        self.guard.check(world, signature * size, everyone, process_set, step)
         self._reference = [t.detach().clone() for t in tensors]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        owner._record(everyone, time.perf_counter() - started, ring_allreduce_bytes(size, nbytes))
+        return Done(everyone, time.perf_counter() - started, ring_allreduce_bytes(size, nbytes))
 
     def _average_differences(self, tensors, action, process_set, name, signature):
         """Average the group's models through their compressed differences from the shared reference
@@ -343,32 +352,32 @@ class Averaging:
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
 
-    def average_gradients(self):
-        """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does."""
-        owner = self._owner
-        params = [p for _, p in owner._named_parameters if p.requires_grad]
+    def average_gradients(self, world, step, op, gradient_predivide_factor, sparse_as_dense):
+        """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does, with
+        Horovod's ``op``, ``gradient_predivide_factor`` and ``sparse_as_dense``."""
+        params = [p for _, p in self.named_parameters if p.requires_grad]
         for p in params:
             if p.grad is None:
                 # Every rank must reduce the same tensors; a parameter unused here contributes zeros.
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse and not owner.sparse_as_dense:
+            elif p.grad.is_sparse and not sparse_as_dense:
                 raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
         sparse_dims = [p.grad.sparse_dim() if p.grad.is_sparse else None for p in params]
         grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
         prescale, postscale = 1.0, 1.0
-        if owner.op == hvd.Average and owner.gradient_predivide_factor != 1.0:
-            prescale = 1.0 / owner.gradient_predivide_factor
-            postscale = owner.gradient_predivide_factor
+        if op == hvd.Average and gradient_predivide_factor != 1.0:
+            prescale = 1.0 / gradient_predivide_factor
+            postscale = gradient_predivide_factor
         compressed = [self.compression.compress(g) for g in grads]
-        action = owner._plan.action(owner.sync_step)
-        signature = owner._guard.signature(grads)
-        with owner._guard.bounded(action, owner.sync_step):
+        action = world.plan.action(step)
+        signature = self.guard.signature(world, grads, step)
+        with self.guard.bounded(world, action, step):
             *reduced, signature = collectives.grouped_allreduce([c for c, _ in compressed] + [signature],
-                                                                name=f"{owner._name}.bsp", op=owner.op,
+                                                                name=f"{self.name}.bsp", op=op,
                                                                 prescale_factor=prescale, postscale_factor=postscale,
-                                                                process_set=owner.process_set)
-        owner._guard.check(signature * (owner._scope.world_size if owner.op == hvd.Average else 1), action,
-                           owner.process_set, owner.sync_step)
+                                                                process_set=world.process_set)
+        self.guard.check(world, signature * (world.scope.world_size if op == hvd.Average else 1), action,
+                         world.process_set, step)
         for p, g, r, (_, ctx), sparse_dim in zip(params, grads, reduced, compressed, sparse_dims):
             g.copy_(self.compression.decompress(r, ctx))
             if sparse_dim is not None:

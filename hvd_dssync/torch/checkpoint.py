@@ -5,36 +5,52 @@ and the arguments it was built with (its :class:`hvd_dssync.config.SyncConfig`'s
 :meth:`~hvd_dssync.config.SyncConfig.plan_data`, checked on loading), the adaptive policy's state, the
 sparse rows in play, the outer momentum and what an exact bridge left to carry into the next average.
 """
-__all__ = ["dssync_state", "load_dssync_state"]
+__all__ = ["dssync_state", "check_dssync_state", "load_dssync_state"]
 
 
-def dssync_state(optimizer):
-    """The ``"dssync"`` entry of ``optimizer.state_dict()``; call it with no averaging in flight.
+def dssync_state(step, plan, config, averaging, sparse):
+    """The ``"dssync"`` entry of the optimizer's ``state_dict()`` at ``step``, from its ``plan``, the
+    :class:`hvd_dssync.config.SyncConfig` it was built with and its averaging and sparse rows; call it with
+    no averaging in flight.
 
     Example::
 
         state = super().state_dict()
-        state["dssync"] = dssync_state(optimizer)
+        state["dssync"] = dssync_state(step, plan, config, averaging, sparse)
     """
-    plan = optimizer._plan
-    state = {"sync_step": optimizer.sync_step, "config": plan.config(),
-             "arguments": optimizer._config.plan_data()}
+    state = {"sync_step": step, "config": plan.config(), "arguments": config.plan_data()}
     if plan.adaptive is not None:
         state["adaptive"] = plan.adaptive.state()
-    if optimizer._sparse.enabled:
+    if sparse.enabled:
         # None: no sets yet, every rank's model is the same; else this rank's rows that may differ.
-        state["sparse_rows"] = optimizer._sparse.state()
-    outer = optimizer._averaging.outer_state()
+        state["sparse_rows"] = sparse.state()
+    outer = averaging.outer_state()
     if outer is not None:
         state["outer"] = outer
-    carry = optimizer._averaging.carry_state()
+    carry = averaging.carry_state()
     if carry is not None:
         state["bridge_carry"] = carry
     return state
 
 
-def load_dssync_state(optimizer, saved):
-    """Check ``saved`` (a ``"dssync"`` entry) against ``optimizer`` and take its step and state.
+def check_dssync_state(saved, plan, config):
+    """Raise a ``ValueError`` if ``saved`` cannot be loaded into an optimizer with ``plan`` and ``config`` (see
+    :func:`load_dssync_state`); returns whether it was saved in a world of the same size."""
+    same_world = saved["config"]["schedule"].get("world_size") == plan.world_size
+    if same_world and saved["config"] != plan.config():
+        raise ValueError(f"the checkpoint's DS-Sync configuration {saved['config']} differs from "
+                         f"this optimizer's {plan.config()}; resume with the same arguments.")
+    mine = config.plan_data()
+    if not same_world and saved.get("arguments") != mine:
+        raise ValueError(f"the checkpoint's DS-Sync arguments {saved.get('arguments')} differ from "
+                         f"this optimizer's {mine}; resume with the same arguments.")
+    return same_world
+
+
+def load_dssync_state(saved, plan, config, averaging, sparse):
+    """Check ``saved`` (a ``"dssync"`` entry) against the optimizer's ``plan`` and ``config``, load its state
+    into the plan's adaptive policy, ``averaging`` and ``sparse``, and return its step; call it with no
+    averaging in flight.
 
     A state saved in a world of the same size must have the same schedule configuration; one saved in a
     world of another size (elastic Horovod, or a job restarted on more or fewer ranks) must have been built
@@ -44,24 +60,14 @@ def load_dssync_state(optimizer, saved):
 
         saved = state_dict.pop("dssync", None)
         if saved is not None:
-            load_dssync_state(optimizer, saved)
+            step = load_dssync_state(saved, plan, config, averaging, sparse)
     """
-    plan = optimizer._plan
-    same_world = saved["config"]["schedule"].get("world_size") == plan.world_size
-    if same_world and saved["config"] != plan.config():
-        raise ValueError(f"the checkpoint's DS-Sync configuration {saved['config']} differs from "
-                         f"this optimizer's {plan.config()}; resume with the same arguments.")
-    mine = optimizer._config.plan_data()
-    if not same_world and saved.get("arguments") != mine:
-        raise ValueError(f"the checkpoint's DS-Sync arguments {saved.get('arguments')} differ from "
-                         f"this optimizer's {mine}; resume with the same arguments.")
-    optimizer.finish_pending()
-    optimizer.sync_step = int(saved["sync_step"])
+    same_world = check_dssync_state(saved, plan, config)
     if plan.adaptive is not None and "adaptive" in saved:
         plan.adaptive.load(saved["adaptive"])
-    optimizer._averaging.load_outer_state(saved.get("outer"))
+    averaging.load_outer_state(saved.get("outer"))
     # Another world has other racks: its bridges' carries mean nothing here.
-    optimizer._averaging.load_carry_state(saved.get("bridge_carry") if same_world else None)
+    averaging.load_carry_state(saved.get("bridge_carry") if same_world else None)
     # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.
-    optimizer._sparse.load(saved.get("sparse_rows", {}))
-
+    sparse.load(saved.get("sparse_rows", {}))
+    return int(saved["sync_step"])

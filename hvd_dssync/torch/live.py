@@ -7,7 +7,8 @@ import collections
 import itertools
 import weakref
 
-__all__ = ["live_optimizers", "finish_pending_averages", "op_prefix", "next_construction", "next_step_tick"]
+__all__ = ["live_optimizers", "finish_pending_averages", "op_prefix", "note_construction", "note_step",
+           "in_training"]
 
 # Every DS-Sync optimizer built in this process and not yet collected.
 live_optimizers = weakref.WeakSet()
@@ -16,8 +17,10 @@ live_optimizers = weakref.WeakSet()
 # optimizers' averages in flight at once never share an op name.
 _construction_order = collections.defaultdict(itertools.count)
 _constructions = itertools.count()
+_constructed = weakref.WeakKeyDictionary()  # optimizer: its number in construction order, any process set
 # Every optimizer's step() calls, counted together: the order in which a training loop steps its optimizers.
 _step_ticks = itertools.count()
+_ticks = weakref.WeakKeyDictionary()  # optimizer: (the tick of its step() before the last, of its last)
 
 
 def op_prefix(process_set_id):
@@ -31,24 +34,41 @@ def op_prefix(process_set_id):
     return f"dssync.{number}" if process_set_id == 0 else f"dssync.set{process_set_id}.{number}"
 
 
-def next_construction():
-    """The number of the next optimizer built in this process, on any process set.
+def note_construction(optimizer):
+    """Count ``optimizer`` as the next one built in this process, on any process set.
 
     Example::
 
-        constructed = next_construction()
+        note_construction(self)      # in the optimizer's constructor
     """
-    return next(_constructions)
+    _constructed[optimizer] = next(_constructions)
 
 
-def next_step_tick():
-    """The number of the next call to any optimizer's ``step()`` in this process.
+def note_step(optimizer):
+    """Count a call to ``optimizer``'s ``step()`` among every optimizer's calls in this process.
 
     Example::
 
-        tick = next_step_tick()
+        note_step(self)              # at each training step
     """
-    return next(_step_ticks)
+    _ticks[optimizer] = (_ticks.get(optimizer, (None, None))[1], next(_step_ticks))
+
+
+def in_training():
+    """The live optimizers stepped in the last training iteration (since the last-stepped one's step before
+    that), in the order they were stepped; where none has stepped yet, every live one in construction order.
+
+    Example::
+
+        for optimizer in in_training():   # hvd.join(): serve the averages of these
+            ...
+    """
+    live = [o for o in live_optimizers if o in _constructed]
+    stepped = sorted((o for o in live if o in _ticks), key=lambda o: _ticks[o][1])
+    if not stepped:  # a rank without a single batch: every optimizer it built, in the order it built them
+        return sorted(live, key=lambda o: _constructed[o])
+    since = _ticks[stepped[-1]][0]
+    return [o for o in stepped if since is None or _ticks[o][1] > since]
 
 
 def finish_pending_averages():

@@ -6,11 +6,14 @@ with one grouped allreduce on the group's Horovod process set; the step is count
 bulk-synchronous warm-up the step is Horovod's instead: gradients are averaged over all ranks first, and no
 model averaging follows.
 
-The optimizer is Horovod's interface over parts with one job each, which it holds: the averaging
-(:mod:`.averaging`), the sparse rows of embedding tables (:mod:`.sparse_rows`), the adaptive policy's figures
-(:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`); it uses mixed precision's helpers (:mod:`.amp`)
-and writes its checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()``
-(:mod:`.uneven`) reach the live optimizers through :mod:`.live`.
+The optimizer is Horovod's interface over parts with one job each, which it holds and builds with what
+each needs: the averaging (:mod:`.averaging`), the sparse rows of embedding tables (:mod:`.sparse_rows`), the
+adaptive policy's figures (:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`). Each call hands them
+the world the step runs in (:class:`hvd_dssync.world.World`: plan, scope, process set, joined ranks) and the
+step; the averaging returns what it did (:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It
+uses mixed precision's helpers (:mod:`.amp`), Horovod's argument rules (:mod:`.arguments`) and writes its
+checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`)
+reach the live optimizers through :mod:`.live`.
 
 Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world, the next ``step()``
 notices it (this rank, the world size or the registered process sets changed), rebuilds the schedule for
@@ -18,12 +21,10 @@ the new world, checks again that all ranks agree, and continues from rank 0's st
 """
 import contextlib
 import os
-import sys
 import warnings
 
 import horovod.torch as hvd
 import torch
-from horovod.torch import functions as hvd_functions
 
 from .. import build
 from ..config import SyncConfig, refuse_topology_in_process_set
@@ -32,47 +33,22 @@ from ..join import JoinState
 from ..plan import BSP, SyncPlan, check_horovod_arguments, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
+from ..world import Done, World
 from . import collectives
 from .adaptive_step import AdaptiveStep
 from .amp import amp_scaling, gradients_overflow, unscale_gradients
+from .arguments import SYNCHRONIZE_WARNING, called_by_horovod_to_create_state, check_named_parameters
 from .averaging import Averaging
-from .checkpoint import dssync_state, load_dssync_state
+from .checkpoint import check_dssync_state, dssync_state, load_dssync_state
 from .exit import watch_until_exit
 from .functions import _default_topology, allgather_job_rows, job_topology
-from .live import next_construction, next_step_tick, op_prefix
+from .live import note_construction, note_step, op_prefix
 from .outside import OutsideProcessSet
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
 from .uneven import join
 
 __all__ = ["DistributedOptimizer", "join"]
-
-# Horovod's warning, word for word, so that scripts see what they know.
-SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
-                       "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
-                       "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
-
-
-def _check_named_parameters(optimizer, named_parameters):
-    """Horovod's rules: unique names, and every parameter of the optimizer named."""
-    if named_parameters is None:
-        return [(f"param.{g}.{i}", p) for g, group in enumerate(optimizer.param_groups)
-                for i, p in enumerate(group["params"])]
-    named_parameters = list(named_parameters)
-    if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
-        raise ValueError("Arg ``named_parameters`` must be a sequence of (name, parameter) tuples, "
-                         "usually model.named_parameters().")
-    names = [name for name, _ in named_parameters]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"Arg ``named_parameters`` has duplicate names: {', '.join(duplicates)}.")
-    named = {id(p) for _, p in named_parameters}
-    unnamed = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in named]
-    if unnamed:
-        raise ValueError(f"Arg ``named_parameters`` leaves {len(unnamed)} of the optimizer's parameters "
-                         "unnamed; pass model.named_parameters() for the model the optimizer trains.")
-    return named_parameters
-
 
 class _DSSyncOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`: Horovod's interface, the step's
@@ -98,7 +74,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._config = config  # DS-Sync's arguments (hvd_dssync.config.SyncConfig), as built: a new world's plan
         self._plan = plan
-        self._constructed = next_construction()
+        note_construction(self)
         self._name = op_prefix(process_set.process_set_id)
         self._scope = scope
         self._registry = registry_for(hvd)
@@ -106,28 +82,27 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._step_settled = False
         self.sync_step = 0
         self.last_sync = None
-        # When step() was last called and the time before, counted in calls to any optimizer's step(): which
-        # optimizers a training iteration steps, and in what order (join()).
-        self._step_tick = self._previous_tick = None
         self._joins = JoinState(scope.world_size)  # ranks known to have run out of data (hvd_dssync.join)
-        self._averaging = Averaging(self, model, config.average_buffers, config.overlap, compression,
-                                    float(config.outer_momentum))
+        # The parts, each given what it needs; the world they run in comes with each call (self._world()).
+        self._guard = StepGuard(self._name)
+        self._adaptive = AdaptiveStep(self._name, self._guard)
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
-        self._sparse = SparseRows(self, config.sparse_average and not config.overlap and
-                                  compression is hvd.Compression.none)
-        self._adaptive = AdaptiveStep(self)
+        self._sparse = SparseRows(self, named_parameters, self._name, config.sparse_average and not config.overlap
+                                  and compression is hvd.Compression.none)
+        self._averaging = Averaging(self, named_parameters, self._name, self._registry, self._guard, self._sparse,
+                                    self._adaptive, model, config.average_buffers, config.overlap, compression,
+                                    float(config.outer_momentum))
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
-        self._guard = StepGuard(self)
         if self._in_process_set():
             acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
                                allgather_rows=allgather_job_rows)
         if not self._world_check_pending:
             self._check_ranks_agree()
             # The first window's process sets now, with the agreement: not in the first average's time.
-            self._averaging.enter_window()
-            self._averaging.warm_window_sets()
+            self._averaging.enter_window(self._world(), self.sync_step)
+            self._averaging.warm_window_sets(self._world())
         watch_until_exit(self)
 
     # --- what users see ---------------------------------------------------------------------
@@ -142,11 +117,11 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         return self._plan.policy
 
     def step(self, closure=None):
-        if _called_by_horovod_to_create_state():
+        if called_by_horovod_to_create_state():
             # hvd.broadcast_optimizer_state fills empty state with a zero-gradient step on every
             # rank; it is no training step, so it neither averages nor advances the schedule.
             return super(self.__class__, self).step(closure)
-        self._previous_tick, self._step_tick = self._step_tick, next_step_tick()
+        note_step(self)  # which optimizers a training iteration steps, and in what order (hvd.join())
         return self._take_step(closure)
 
     def _take_step(self, closure=None, serving=False):
@@ -155,12 +130,13 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._settle_step()
         if self._should_synchronize and self._synchronized and not serving:
             warnings.warn(SYNCHRONIZE_WARNING)
-        early = None if self._plan.adaptive is None else self._adaptive.check_early()
-        action = self._plan.action(self.sync_step)
+        world, step = self._world(), self.sync_step
+        early = None if self._plan.adaptive is None else self._adaptive.check_early(world, step)
+        action = self._plan.action(step)
         self._adaptive.drift = float("nan")
         if self._sparse.tables is None and self._sparse.enabled and action.kind != BSP:
-            self._sparse.agree()
-        loss = None
+            self._sparse.agree(self.process_set)
+        loss, done = None, None
         with amp_scaling(self) as (grad_scale, found_inf):
             if action.kind == BSP:
                 if serving:  # as under Horovod's join, a joined rank's gradients count as zeros
@@ -176,16 +152,20 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                 if not serving:
                     loss = self._local_update(closure, grad_scale, found_inf)
                     self._sparse.note_changed()
-                self._record(action, 0.0, 0)
+                done = Done(action)
             else:
                 if not serving:
                     loss = self._local_update(closure, grad_scale, found_inf)
                     self._sparse.note_changed()
-                self._averaging.average_model(action)
+                done = self._averaging.average_model(world, action, step)
+        self._record(done)
         if serving:
             self.finish_pending()  # what the average carried must be known at the end of the step
         if self._plan.adaptive is not None:
-            self._adaptive.end_step(action, early)
+            decision = self._adaptive.end_step(world, step, action, done, early)
+            if decision is not None:
+                self.last_sync = dict(self.last_sync or {"step": step, "kind": action.kind},
+                                      decision=decision.as_dict())
         self._synchronized = False
         self.sync_step += 1
         return loss
@@ -198,7 +178,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         """
         self._settle_step()
         if not self._synchronized and self._plan.policy.action(self.sync_step) == BSP:
-            self._averaging.average_gradients()
+            self._averaging.average_gradients(self._world(), self.sync_step, self.op, self.gradient_predivide_factor,
+                                              self.sparse_as_dense)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -217,12 +198,15 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
 
     def finish_pending(self):
         """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
-        self._averaging.finish_pending()
+        if self._world_changed():
+            self._averaging.drop_pending()  # it died with the old world: the model keeps this rank's update
+            return
+        self._record(self._averaging.finish_pending(self._world()))
 
     def state_dict(self):
         self.finish_pending()
         state = super(self.__class__, self).state_dict()
-        state["dssync"] = dssync_state(self)
+        state["dssync"] = dssync_state(self.sync_step, self._plan, self._config, self._averaging, self._sparse)
         return state
 
     def load_state_dict(self, state_dict):
@@ -234,7 +218,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("dssync", None)
         if saved is not None:
-            load_dssync_state(self, saved)
+            check_dssync_state(saved, self._plan, self._config)  # before the collective below: a clear error
+            self.finish_pending()
+            self.sync_step = load_dssync_state(saved, self._plan, self._config, self._averaging, self._sparse)
         self._synchronized = False
         super(self.__class__, self).load_state_dict(state_dict)
 
@@ -306,14 +292,46 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self.sync_step = self._check_ranks_agree(with_step=True)
         self._take_state(0, with_step=False)  # a newcomer's decision is rank 0's, as its step
 
+    # --- hvd.join() (hvd_dssync.torch.uneven): this rank has run out of data ---------------------
+
+    def _start_serving(self):
+        """This rank joins: it takes part in its groups' averages from now on, updating nothing."""
+        if self._plan.adaptive is not None:
+            raise RuntimeError("hvd_dssync: hvd.join() is not supported with policy='adaptive': its future steps "
+                               "depend on figures not measured yet, so the ranks could not agree when to leave.")
+        if self._in_process_set():
+            raise RuntimeError("hvd_dssync: hvd.join() joins the whole job, but this optimizer trains inside a "
+                               "process set; make every rank take the same number of steps instead.")
+        self._joins.note_joined(self._scope.rank, self.sync_step)
+
+    def _serve_joined(self):
+        """One step with this rank's model as it is; ``True`` once every rank has left."""
+        self._take_step(serving=True)
+        leave = self._joins.leave_step(self._plan.partition)
+        return leave is not None and self.sync_step > leave
+
+    def _stop_serving(self):
+        """Every rank has left: the rank that joined last (Horovod's ``join`` returns it)."""
+        last = self._joins.last_to_join()
+        self._joins.reset()
+        return last
+
     def _in_process_set(self):
         return self.process_set is not hvd.global_process_set
 
-    def _record(self, action, seconds, nbytes, sparse_rows=0):
+    def _world(self):
+        """What the parts need of the world this optimizer steps in now (:class:`hvd_dssync.world.World`)."""
+        return World(self._plan, self._scope, self.process_set, self._joins, self._in_process_set())
+
+    def _record(self, done):
+        """``last_sync`` from what a step's synchronization did (:class:`hvd_dssync.world.Done`; None: nothing)."""
+        if done is None:
+            return
+        action = done.action
         self.last_sync = {"step": self.sync_step, "kind": action.kind, "group": self._scope.to_global(action.group),
-                          "seconds": seconds, "bytes_sent": nbytes}
+                          "seconds": done.seconds, "bytes_sent": done.bytes_sent}
         if self._sparse.row_sets is not None:
-            self.last_sync.update(sparse_rows=sparse_rows, row_set=self._sparse.row_sets.total())
+            self.last_sync.update(sparse_rows=done.sparse_rows, row_set=self._sparse.row_sets.total())
 
     def _check_ranks_agree(self, with_step=False):
         """One allgather of the configuration: every rank raises the same error, naming what differs.
@@ -339,18 +357,6 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         if grad_scale is not None:  # scaler.step() without scaler.unscale_() first
             unscale_gradients(self.param_groups, grad_scale)
         return super(self.__class__, self).step(closure)
-
-
-def _called_by_horovod_to_create_state():
-    # Our step() is reached through torch's profiling wrapper, so look a few frames up.
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return False
-        if frame.f_code is hvd_functions.broadcast_optimizer_state.__code__:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compression.none,
@@ -450,7 +456,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                         sparse_average=bool(sparse_average))
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
-    named_parameters = _check_named_parameters(optimizer, named_parameters)
+    named_parameters = check_named_parameters(optimizer, named_parameters)
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.

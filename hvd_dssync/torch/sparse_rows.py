@@ -17,48 +17,50 @@ __all__ = ["SparseRows"]
 
 
 class SparseRows:
-    """The rows of ``owner``'s embedding tables that may differ between ranks.
+    """The rows of the embedding tables that may differ between ranks.
 
-    ``owner`` is the DS-Sync optimizer: its named parameters, gradients, param groups and state tell which
-    rows a step changed. ``enabled``: sparse averaging is on (off with overlap or a lossy compression).
+    ``optimizer`` (its class, param groups and state) and the gradients of ``named_parameters`` tell which
+    rows a step changed; ``name``: the optimizer's op names. ``enabled``: sparse averaging is on (off with
+    overlap or a lossy compression).
 
     Example::
 
-        sparse = SparseRows(optimizer, enabled=True)
-        sparse.agree()                  # once, at the first averaging step (a collective)
+        sparse = SparseRows(optimizer, model.named_parameters(), "dssync.0", enabled=True)
+        sparse.agree(process_set)       # once, at the first averaging step (a collective)
         sparse.note_changed()           # after each local update
         named, writes, nbytes, unions = sparse.rows_to_average(named, action, process_set, name)
         sparse.averaged(unions, action)  # after the average, its rows written back
     """
 
-    def __init__(self, owner, enabled):
-        self._owner = owner
+    def __init__(self, optimizer, named_parameters, name, enabled):
+        self.optimizer = optimizer
+        self.named_parameters = list(named_parameters)
+        self.name = name
         self.enabled = enabled
         self.tables = None  # {name: parameter} once agreed
         self.row_sets = None
         self._loaded = None  # sets from load_state_dict(), applied when the tables are agreed
 
-    def agree(self):
-        """Agree with every rank of the scope on the tables averaged sparsely (one small allreduce, once).
+    def agree(self, process_set):
+        """Agree with every rank of ``process_set`` on the tables averaged sparsely (one small allreduce, once).
 
         A table qualifies if some rank saw a sparse gradient for it and no rank's optimizer can change rows
         outside what :meth:`changed_rows` reports. Ranks whose table got no gradient this step still
         agree, since the flags are reduced with max.
         """
-        owner = self._owner
-        params = [p for _, p in owner._named_parameters]
+        params = [p for _, p in self.named_parameters]
         seen = [float(p.grad is not None and p.grad.is_sparse) for p in params]
         unsupported = [float(s and self.changed_rows(p) is None) for s, p in zip(seen, params)]
-        flags = hvd.allreduce(torch.tensor(seen + unsupported), name=f"{owner._name}.sparse", op=hvd.Max,
-                              process_set=owner.process_set)
+        flags = hvd.allreduce(torch.tensor(seen + unsupported), name=f"{self.name}.sparse", op=hvd.Max,
+                              process_set=process_set)
         n = len(params)
-        self.tables = {name: p for k, (name, p) in enumerate(owner._named_parameters)
+        self.tables = {name: p for k, (name, p) in enumerate(self.named_parameters)
                        if flags[k] and not flags[n + k]}
-        skipped = [name for k, (name, _) in enumerate(owner._named_parameters) if flags[k] and flags[n + k]]
+        skipped = [name for k, (name, _) in enumerate(self.named_parameters) if flags[k] and flags[n + k]]
         if skipped:
             warnings.warn(f"hvd_dssync: {', '.join(skipped)} averaged densely: sparse averaging needs an optimizer "
                           "that changes only the rows it reports (SGD, SparseAdam, Adagrad), not "
-                          f"{type(owner).__name__} with these settings.")
+                          f"{type(self.optimizer).__name__} with these settings.")
         self._start()
 
     def _start(self):
@@ -77,16 +79,16 @@ class SparseRows:
     def changed_rows(self, p):
         """Rows of table ``p`` that this step's update may have changed, or None if the optimizer can change
         others. Read after the step: SGD with momentum moves every row still in its (sparse) buffer."""
-        owner = self._owner
-        group = next(g for g in owner.param_groups if any(q is p for q in g["params"]))
-        if isinstance(owner, torch.optim.SGD) and not group.get("weight_decay"):
+        optimizer = self.optimizer
+        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+        if isinstance(optimizer, torch.optim.SGD) and not group.get("weight_decay"):
             if not group.get("momentum"):
                 return _gradient_rows(p)
-            buffer = owner.state.get(p, {}).get("momentum_buffer")
+            buffer = optimizer.state.get(p, {}).get("momentum_buffer")
             if buffer is None:
                 return _gradient_rows(p)
             return buffer.coalesce().indices()[0].numpy() if buffer.is_sparse else None
-        if isinstance(owner, (torch.optim.SparseAdam, torch.optim.Adagrad)) and not group.get("weight_decay"):
+        if isinstance(optimizer, (torch.optim.SparseAdam, torch.optim.Adagrad)) and not group.get("weight_decay"):
             return _gradient_rows(p)
         return None
 

@@ -19,33 +19,32 @@ SIGNATURE_LENGTH = len(step_signature(0))
 
 
 class StepGuard:
-    """The signature of ``owner``'s steps and the watchdog over its waits.
+    """The signature of an optimizer's steps and the watchdog over its waits.
 
-    ``owner`` is the DS-Sync optimizer: the guard reads its step (``sync_step``), its scope, its op names
-    (``_name``) and what it knows of joined ranks (``_joins``), which can change when the world changes.
+    Each call gets the :class:`hvd_dssync.world.World` it runs in (the scope names the group a wait is
+    for; the joins are what this rank knows of ranks that ran out of data) and the step.
 
     Example::
 
-        guard = StepGuard(optimizer)
-        signature = guard.signature(tensors)
-        with guard.bounded(action, optimizer.sync_step):
+        guard = StepGuard(name="dssync.0")
+        signature = guard.signature(world, tensors, step)
+        with guard.bounded(world, action, step):
             collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=ps)
-        guard.check(signature * len(action.group), action, ps, optimizer.sync_step)
+        guard.check(world, signature * len(action.group), action, ps, step)
     """
 
-    def __init__(self, owner):
-        self._owner = owner
+    def __init__(self, name):
+        self.name = name  # the optimizer's op names
         self.watchdog = process_watchdog(hvd.shutdown)
 
-    def signature(self, tensors):
+    def signature(self, world, tensors, step):
         """What rides along with an average: the step's signature, then what this rank knows of ranks that
         ran out of data. In float32 when the tensors are float32: Horovod fuses a grouped allreduce by
         dtype, so another dtype would cost a second collective every step."""
-        owner = self._owner
         dtype = torch.float32 if tensors and tensors[0].dtype == torch.float32 else torch.float64
-        return torch.from_numpy(np.concatenate([step_signature(owner.sync_step), owner._joins.payload()])).to(dtype)
+        return torch.from_numpy(np.concatenate([step_signature(step), world.joins.payload()])).to(dtype)
 
-    def check(self, sums, action, process_set, step):
+    def check(self, world, sums, action, process_set, step):
         """Take in what rode along with an average (see :meth:`signature`): the joins the members knew of, and
         a check that they were at the same step, which raises on every member if not.
 
@@ -53,18 +52,18 @@ class StepGuard:
         (among the members, who all found out together) gather who was at which step, for the error.
         """
         sums = sums.double().numpy()
-        self._owner._joins.merge(sums[SIGNATURE_LENGTH:] / len(action.group))
+        world.joins.merge(sums[SIGNATURE_LENGTH:] / len(action.group))
         if not steps_differ(sums[:SIGNATURE_LENGTH], len(action.group)):
             return
-        with self.bounded(action, step):
-            gathered = hvd.allgather(torch.tensor([[hvd.rank(), step]]), name=f"{self._owner._name}.drift",
+        with self.bounded(world, action, step):
+            gathered = hvd.allgather(torch.tensor([[hvd.rank(), step]]), name=f"{self.name}.drift",
                                      process_set=process_set)
         raise RuntimeError(describe_step_drift({rank: s for rank, s in gathered.tolist()}))
 
     @contextlib.contextmanager
-    def bounded(self, action, step):
+    def bounded(self, world, action, step):
         """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""
-        what = describe_wait(hvd.rank(), self._owner._scope.to_global(action.group), step, action.kind)
+        what = describe_wait(hvd.rank(), world.scope.to_global(action.group), step, action.kind)
         try:
             with self.watchdog.watching(what):
                 yield

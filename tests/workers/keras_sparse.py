@@ -86,8 +86,8 @@ def check_sparse_equals_dense(directory):
     progress("sparse equals dense")
     sparse, sparse_bytes, opt = train(True, directory)
     dense, dense_bytes, dense_opt = train(False, directory)
-    check(opt._dssync.row_sets is not None, "the sparse run did not average the table by rows")
-    check(dense_opt._dssync.row_sets is None, "sparse_average=False averaged the table by rows")
+    check(opt._dssync.sparse.row_sets is not None, "the sparse run did not average the table by rows")
+    check(dense_opt._dssync.sparse.row_sets is None, "sparse_average=False averaged the table by rows")
     plan = opt._dssync.plan
     first_global = next(t for t in range(STEPS) if plan.action(t).kind == "global")
     for t, ((table, head), (dense_table, dense_head)) in enumerate(zip(sparse, dense)):
@@ -116,7 +116,7 @@ def check_optimizers(directory):
             warnings.simplefilter("always")
             sparse, sparse_bytes, opt = train(True, directory, make, no_warmup, steps=10, resume_at=10)
         warned = [str(w.message) for w in caught if "averaged densely" in str(w.message)]
-        check((opt._dssync.row_sets is not None) == by_rows, f"{name}: averaged by rows is not {by_rows}")
+        check((opt._dssync.sparse.row_sets is not None) == by_rows, f"{name}: averaged by rows is not {by_rows}")
         check(bool(warned) != by_rows, f"{name}: warnings {warned}")
         dense, dense_bytes, _ = train(False, directory, make, no_warmup, steps=10, resume_at=10)
         for t, ((table, head), (dense_table, dense_head)) in enumerate(zip(sparse, dense)):
@@ -129,7 +129,7 @@ def check_optimizers(directory):
         warnings.simplefilter("always")
         _, _, opt = train(True, directory, lambda: tf.keras.optimizers.legacy.SGD(0.5, momentum=0.9), legacy_warmup,
                           steps=3, resume_at=3)
-    check(opt._dssync.row_sets is None and any("dense" in str(w.message) for w in caught),
+    check(opt._dssync.sparse.row_sets is None and any("dense" in str(w.message) for w in caught),
           "the legacy SGD's momentum with dense (warm-up) gradients was averaged by rows")
 
 
@@ -143,7 +143,7 @@ def check_ranks_start_apart():
 
     class Sets(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            sizes.append(self.model.optimizer._dssync.row_sets.total())
+            sizes.append(self.model.optimizer._dssync.sparse.row_sets.total())
 
     x, y = data(3, seed=7)
     model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0,

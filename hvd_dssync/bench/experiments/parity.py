@@ -6,7 +6,7 @@ Run from the repository root with 4 ranks (the DS-Sync configurations use the to
 ``PYTHONPATH=.`` makes the ranks import this checkout's ``hvd_dssync``::
 
     PYTHONPATH=. OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 2400 \\
-        horovodrun -np 4 -H localhost:4 --gloo python scripts/parity.py --seeds 0,1,2 --json parity.json
+        horovodrun -np 4 -H localhost:4 --gloo python hvd_dssync/bench/experiments/parity.py --seeds 0,1,2 --json parity.json
 
 The whole default run (4 tasks x 3 seeds x 21 configurations) takes about 20 minutes on 2 CPU cores,
 most of it Horovod's own runs.

@@ -6,7 +6,7 @@ joined by a shaped link), launched as the bench launches its Horovod contenders 
 rendezvous server of the bench's), one after the other in one run. Prints the example's row of each variant
 with the bytes that crossed the link between the racks::
 
-    .venv/bin/python scripts/sparse_bench.py --ranks 4 --racks 2 --intra-mbit 4000 --inter-mbit 400
+    .venv/bin/python hvd_dssync/bench/experiments/sparse_bench.py --ranks 4 --racks 2 --intra-mbit 4000 --inter-mbit 400
 
 Needs root and network namespaces; ``--loopback`` runs the same jobs on loopback.
 """
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 from hvd_dssync.bench.contenders import ROOT, _start_rendezvous, rank_env  # noqa: E402
 from hvd_dssync.bench.testbed import LoopbackBed, Testbed, namespaces_available  # noqa: E402
 

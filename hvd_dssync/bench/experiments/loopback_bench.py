@@ -4,7 +4,7 @@ Runs examples/pytorch_synthetic_benchmark.py under each launcher (the test suite
 yielding when idle, OMP_NUM_THREADS=1) for Horovod's optimizer and DS-Sync variants, one after the
 other in one run, and prints a markdown table of median step times and their ratio to Horovod's::
 
-    .venv/bin/python scripts/loopback_bench.py --np 4 --params 1
+    .venv/bin/python hvd_dssync/bench/experiments/loopback_bench.py --np 4 --params 1
 """
 import argparse
 import json
@@ -12,7 +12,8 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(_CHECKOUT, "tests"))
 from multirank import LAUNCHERS, ROOT, run  # noqa: E402
 
 VARIANTS = {

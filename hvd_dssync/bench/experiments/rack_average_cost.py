@@ -12,7 +12,7 @@ Horovod runs twice, with the build's concurrent process sets and with every op i
 (``HOROVOD_PROCESS_SETS_ASYNC=0``, as released).
 Run as root from the repository root::
 
-    .venv/bin/python scripts/rack_average_cost.py --ranks 8 --racks 2
+    .venv/bin/python hvd_dssync/bench/experiments/rack_average_cost.py --ranks 8 --racks 2
 
 Each job is launched once, Horovod's with ``horovodrun --gloo`` from the first host and PyTorch's one
 process per namespace, each under a timeout; a job that fails or times out is reported as such.
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 BESIDE_BYTES = 5_000_000
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _train_steps(model, optimizer, x, y, iteration, local, sleep):
@@ -165,7 +165,7 @@ def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, be
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="scripts/rack_average_cost.py")
+    parser = argparse.ArgumentParser(prog="hvd_dssync/bench/experiments/rack_average_cost.py")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--racks", type=int, default=2)
     parser.add_argument("--intra-mbit", type=float, default=400.0)
