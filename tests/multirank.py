@@ -104,7 +104,8 @@ def run(launcher, np, script, *args, timeout=240, env=None, expect_failure=False
     except subprocess.TimeoutExpired:
         kill_session(proc.pid)
         output, _ = proc.communicate()
-        raise JobFailed(f"{launcher} job {script} on {np} ranks hung past {timeout}s; output:\n{output}")
+        raise JobFailed(f"{launcher} job {script} on {np} ranks hung past {timeout}s"
+                        f"{_failed_behaviours(output)}; output:\n{output}")
     finally:
         kill_session(proc.pid)
     elapsed = time.monotonic() - started
@@ -113,8 +114,15 @@ def run(launcher, np, script, *args, timeout=240, env=None, expect_failure=False
             raise JobFailed(f"{launcher} job {script} on {np} ranks should have failed; output:\n{output}")
     elif proc.returncode != 0:
         raise JobFailed(f"{launcher} job {script} on {np} ranks exited {proc.returncode} after "
-                        f"{elapsed:.1f}s; output:\n{output}")
+                        f"{elapsed:.1f}s{_failed_behaviours(output)}; output:\n{output}")
     return output
+
+
+def _failed_behaviours(output):
+    """``: failed behaviours: ...`` from the workers' ``BEHAVIOUR FAILED:`` lines (tests/workers/common.py)."""
+    failed = sorted({line.split("BEHAVIOUR FAILED:", 1)[1].split(" (rank")[0].strip()
+                     for line in output.splitlines() if "BEHAVIOUR FAILED:" in line})
+    return f": failed behaviours: {'; '.join(failed)}" if failed else ""
 
 
 def matrix(sizes=(2, 3, 4)):

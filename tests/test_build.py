@@ -3,6 +3,7 @@ is the one setup.sh builds, sets added and removed while training still agree, a
 peer leaves the core to the threads that do the work, and process sets run their ops side by side."""
 import glob
 import os
+import re
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_the_build_is_at_the_current_patch_level(tmp_path):
     released = tmp_path / "mpi_lib_v2.so"
     released.write_bytes(b"\x7fELF Horovod as released")
     assert build.patch_level(str(released)) == 0
-    assert len(build.missing_patches(0)) == 2
+    assert len(build.missing_patches(0)) == 3 and build.missing_patches(7) == [build._ADDS[8]]
 
 
 @pytest.mark.multirank
@@ -66,6 +67,21 @@ def test_process_sets_switched_off_wait_for_each_other():
     output = run("gloo", 4, "concurrent_sets.py", timeout=180, env={"HOROVOD_PROCESS_SETS_ASYNC": "0"})
     assert output.count("all checks passed") == 4, output
     assert "B WAITED FOR A" in output, output
+
+
+@pytest.mark.multirank
+def test_mpi_waits_sleep():
+    """8 ranks on 2 cores under mpirun average in pairs between steps of compute: with the build's sleeping MPI
+    waits the job spends less of its CPU time in the kernel than with them off (HOROVOD_MPI_SLEEPING_WAITS=0,
+    MPI's blocking calls as released, whose waiting ranks poll with sched_yield), side by side."""
+    ratios = {}
+    for sleeping in ("1", "0"):
+        output = run("mpi", 8, "mpi_waits.py", "--ops", "150", timeout=180,
+                     env={"HOROVOD_MPI_SLEEPING_WAITS": sleeping})
+        assert output.count("all checks passed") == 8, output
+        ratios[sleeping] = float(re.search(r"KERNEL/USER (\d+\.\d\d)", output).group(1))
+    print(f"kernel/user CPU time: sleeping waits {ratios['1']:.2f}, blocking calls {ratios['0']:.2f}")
+    assert ratios["1"] < ratios["0"], ratios
 
 
 @pytest.mark.multirank

@@ -6,11 +6,14 @@ PyTorch or Keras stays in the workers (``torch_semantics.py`` and ``keras_semant
 workers of one framework share).
 
 Every check raises ``AssertionError`` naming this process's rank, so a failing rank exits non-zero and fails
-the launch.
+the launch. A worker that checks several behaviours runs each inside :func:`behaviour`, so that a failure
+names the behaviour that broke (``tests/multirank.py`` puts it first in the failed job's message).
 """
+import contextlib
 import copy
 import os
 import socket
+import sys
 
 RANK = None  # this process's rank, named by every failed check; set by identify()
 
@@ -31,6 +34,26 @@ def launcher_rank(default="0"):
 def launcher_size():
     """The world's size as the launcher set it (horovodrun or mpirun), before Horovod is initialized."""
     return int(os.environ.get("HOROVOD_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])
+
+
+BEHAVIOUR_FAILED = "BEHAVIOUR FAILED:"
+
+
+@contextlib.contextmanager
+def behaviour(name):
+    """Run one behaviour's checks; if anything in it raises, print ``BEHAVIOUR FAILED: <name>`` first.
+
+    Example::
+
+        with behaviour("group means, shuffle"):
+            check_group_means("shuffle", num_groups=2)
+    """
+    try:
+        yield
+    except BaseException as e:
+        print(f"{BEHAVIOUR_FAILED} {name} (rank {RANK}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+              file=sys.stderr, flush=True)
+        raise
 
 
 def fail(message):

@@ -11,7 +11,7 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
-from common import check, check_alike, expected_values, fail
+from common import behaviour, check, check_alike, expected_values, fail
 from hvd_dssync.schedules import Shuffle
 
 hvd.init()
@@ -205,11 +205,8 @@ def check_drop_in():
         fail("a non-optimizer was accepted")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    num_groups = 2 if SIZE > 1 else 1
+def check_shuffle_in_fit(num_groups):
+    """Group means in fit with the default shuffle, and its groups: they change, and equal the PyTorch adapter's."""
     opt, _ = check_group_means_in_fit("shuffle", num_groups=num_groups)
     schedules = [opt.schedule.groups(t) for t in range(8)]
     if SIZE >= 3:
@@ -218,27 +215,49 @@ def main():
     torch_default = Shuffle(SIZE, num_groups=num_groups, seed=7)
     check(all(opt.schedule.groups(t) == torch_default.groups(t) for t in range(200)),
           "the Keras adapter's groups differ from the PyTorch adapter's")
-    user_unnamed_ops()
-    # Singleton groups, then the global average every third step: the values change even on 2 ranks.
+
+
+def check_global_every_in_fit():
+    """Singleton groups, then the global average every third step: the values change even on 2 ranks."""
     _, distinct = check_group_means_in_fit("global_every", num_groups=SIZE, global_every=3)
     if SIZE > 1:
         check(len(distinct) > 1, "global_every=3 never changed the values")
-    check_group_means_in_fit("warm-up", num_groups=num_groups, warmup_steps=2, global_every=2)
-    check_group_means_in_fit("butterfly", schedule="butterfly")
-    check_group_means_in_fit("local steps", steps=12, num_groups=num_groups, average_every=2, global_every=6)
-    racks = [list(range((SIZE + 1) // 2)), list(range((SIZE + 1) // 2, SIZE))]
-    check_group_means_in_fit("topology", schedule="topology", topology=racks,
-                             schedule_options={"intra_steps": 1})
-    check_group_means_in_fit("local statistics", num_groups=1, non_trainable=False)
-    if not args.quick:
-        check_custom_loop()
-        check_training_with_callbacks()
-        check_drop_in()
-        check_backward_passes(tf.keras.optimizers.SGD(0.1), "passes")
-        check_backward_passes(tf.keras.optimizers.legacy.SGD(0.1), "passes, legacy optimizer")
-    user_unnamed_ops()
-    print(f"rank {RANK}: all checks passed", flush=True)
 
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    num_groups = 2 if SIZE > 1 else 1
+    racks = [list(range((SIZE + 1) // 2)), list(range((SIZE + 1) // 2, SIZE))]
+    checks = [
+        ("group means in fit, shuffle", lambda: check_shuffle_in_fit(num_groups)),
+        ("a script's unnamed ops after DS-Sync's", user_unnamed_ops),
+        ("group means in fit, global_every", check_global_every_in_fit),
+        ("group means in fit, warm-up", lambda: check_group_means_in_fit("warm-up", num_groups=num_groups,
+                                                                         warmup_steps=2, global_every=2)),
+        ("group means in fit, butterfly", lambda: check_group_means_in_fit("butterfly", schedule="butterfly")),
+        ("group means in fit, local steps", lambda: check_group_means_in_fit(
+            "local steps", steps=12, num_groups=num_groups, average_every=2, global_every=6)),
+        ("group means in fit, topology", lambda: check_group_means_in_fit(
+            "topology", schedule="topology", topology=racks, schedule_options={"intra_steps": 1})),
+        ("group means in fit, local statistics", lambda: check_group_means_in_fit(
+            "local statistics", num_groups=1, non_trainable=False)),
+    ]
+    if not args.quick:
+        checks += [
+            ("custom training loop", check_custom_loop),
+            ("training with callbacks", check_training_with_callbacks),
+            ("drop-in arguments", check_drop_in),
+            ("backward_passes_per_step", lambda: check_backward_passes(tf.keras.optimizers.SGD(0.1), "passes")),
+            ("backward_passes_per_step, legacy optimizer", lambda: check_backward_passes(
+                tf.keras.optimizers.legacy.SGD(0.1), "passes, legacy optimizer")),
+        ]
+    checks.append(("a script's unnamed ops, again", user_unnamed_ops))
+    for name, run_checks in checks:
+        with behaviour(name):
+            run_checks()
+    print(f"rank {RANK}: all checks passed", flush=True)
 
 if __name__ == "__main__":
     main()

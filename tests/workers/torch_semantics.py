@@ -10,7 +10,7 @@ import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
-from common import check, check_alike, expected_values, fail
+from common import behaviour, check, check_alike, expected_values, fail
 
 RANK = SIZE = None
 
@@ -236,32 +236,38 @@ def main():
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     init(args.init)
-    if args.init == "static-topology":
-        check_static_topology()
-        user_unnamed_ops()
-        print(f"rank {RANK}: all checks passed", flush=True)
-        return
-    if args.init == "static":
-        check_group_means("butterfly")
-        check_group_means("butterfly", global_every=2)
-        user_unnamed_ops()
-        print(f"rank {RANK}: all checks passed", flush=True)
-        return
     num_groups = 2 if SIZE > 1 else 1
-    check_group_means("shuffle", num_groups=num_groups)
-    check_group_means("shuffle", num_groups=num_groups, schedule_options={"window_steps": 2})
-    check_group_means("butterfly")
-    if not args.quick:
-        check_group_means("shuffle", overlap=True, num_groups=num_groups)
-        check_group_means("topology", topology=halves(SIZE), schedule_options=ROTATING)
-        check_group_means("topology", overlap=True, topology=halves(SIZE), schedule_options=ROTATING)
-        check_synchronize_models()
-        check_drop_in()
-        check_policies()
-        check_outer_momentum()
-    user_unnamed_ops()
+    if args.init == "static-topology":
+        checks = [("static process sets, rotating bridges", check_static_topology)]
+    elif args.init == "static":
+        checks = [("group means, butterfly", lambda: check_group_means("butterfly")),
+                  ("group means, butterfly, global every 2", lambda: check_group_means("butterfly", global_every=2))]
+    else:
+        checks = [
+            ("group means, shuffle", lambda: check_group_means("shuffle", num_groups=num_groups)),
+            ("group means, shuffle, windows of 2 steps",
+             lambda: check_group_means("shuffle", num_groups=num_groups, schedule_options={"window_steps": 2})),
+            ("group means, butterfly", lambda: check_group_means("butterfly")),
+        ]
+        if not args.quick:
+            checks += [
+                ("group means, shuffle, overlap",
+                 lambda: check_group_means("shuffle", overlap=True, num_groups=num_groups)),
+                ("group means, topology", lambda: check_group_means("topology", topology=halves(SIZE),
+                                                                    schedule_options=ROTATING)),
+                ("group means, topology, overlap", lambda: check_group_means("topology", overlap=True,
+                                                                             topology=halves(SIZE),
+                                                                             schedule_options=ROTATING)),
+                ("synchronize_models", check_synchronize_models),
+                ("drop-in arguments", check_drop_in),
+                ("policies", check_policies),
+                ("outer momentum", check_outer_momentum),
+            ]
+    checks.append(("a script's unnamed ops after DS-Sync's", user_unnamed_ops))
+    for name, run_checks in checks:
+        with behaviour(name):
+            run_checks()
     print(f"rank {RANK}: all checks passed", flush=True)
-
 
 if __name__ == "__main__":
     main()
