@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from multirank import ROOT, matrix, run
+from multirank import LAUNCHERS, ROOT, matrix, run
 
 pytestmark = pytest.mark.multirank
 
@@ -75,10 +75,12 @@ def test_register_local_var_as_horovod(launcher, np):
     assert output.count("all checks passed") == np, output
 
 
-@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4)), pytest.param("gloo", 8, id="gloo-np8")])
+@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4)), *[pytest.param(launcher, 8, id=f"{launcher}-np8")
+                                                                  for launcher in LAUNCHERS],
+                                         pytest.param("gloo", 16, id="gloo-np16")])
 def test_ranks_outside_the_process_set(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the same errors everywhere; the even ranks train
     together, the odd ones alone with model.fit, sending nothing (passes and local scaling as Horovod's); at 8
-    ranks the set's groups are registered by every rank together."""
-    output = run(launcher, np, "keras_outside_set.py", timeout=240)
+    ranks and more the set's groups are registered by every rank together."""
+    output = run(launcher, np, "keras_outside_set.py", timeout=300)
     assert output.count("all checks passed") == np, output

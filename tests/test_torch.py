@@ -110,11 +110,12 @@ def test_process_sets_and_fp16_compression(launcher, init):
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher,np", matrix(sizes=(2, 4, 8)))
+@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4, 8)), *[pytest.param(launcher, 16, id=f"{launcher}-np16")
+                                                                      for launcher in LAUNCHERS]])
 def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing;
-    at 8 ranks the set's groups are registered by every rank together."""
-    output = run(launcher, np, "torch_outside_set.py", timeout=180)
+    at 8 and 16 ranks the set's groups are registered by every rank together."""
+    output = run(launcher, np, "torch_outside_set.py", timeout=240)
     assert output.count("all checks passed") == np, output
 
 
