@@ -3,6 +3,8 @@
 The multi-rank jobs (test_torch.py, test_keras.py) check them inside the optimizers; these check that a part
 works without an optimizer around it, as the next engineer will want to when changing one.
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,16 @@ from hvd_dssync.scope import Scope
 from hvd_dssync.world import Done, World
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Importing an adapter sets HOROVOD_DYNAMIC_PROCESS_SETS for a later hvd.init(); the multi-rank jobs
+    that run after these tests inherit this process's environment, so it is put back."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _world(plan, process_set=None):
