@@ -37,7 +37,7 @@ from .functions import allgather_job_rows
 from .graph_plan import make_plan
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
-from .switch import FIRST_GROUP_BRANCH, GLOBAL_BRANCH, KEEP_BRANCH, Switch
+from .switch import KEEP_BRANCH, Switch
 
 __all__ = ["StepSync", "make_plan"]
 
@@ -67,9 +67,6 @@ class StepSync:
         sync.average(variables, step)
     """
 
-    # Branches of the step's switch (hvd_dssync.keras.switch).
-    KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH = KEEP_BRANCH, GLOBAL_BRANCH, FIRST_GROUP_BRANCH
-
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, device_dense="", name="DSSync", config=None, scope=None,
                  process_set=hvd.global_process_set):
@@ -92,8 +89,8 @@ class StepSync:
         self.adaptive = AdaptiveStep(self.name)
         exact_average = ExactAverage(self.name, compression, device_dense)
         self.sparse = SparseRows(self.name, process_set, exact_average)  # embedding tables by their rows
-        horovod_settings = {"op": op, "compression": compression, "gradient_predivide_factor": gradient_predivide_factor,
-                            "sparse_as_dense": sparse_as_dense, "device_dense": device_dense}
+        horovod_settings = {"op": op, "compression": compression, "sparse_as_dense": sparse_as_dense,
+                            "gradient_predivide_factor": gradient_predivide_factor, "device_dense": device_dense}
         self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
@@ -228,10 +225,6 @@ class StepSync:
 
     # --- the switch's branch of every step -----------------------------------------------------
 
-    def branch_of(self, step, action=None):
-        """The switch branch of ``step`` (an integer), or of ``action`` when given."""
-        return self.switch.branch_of(action or self.plan.action(step))
-
     def _branch_table(self):
         """Branches for the steps after warm-up, one period long: the policy and cycle repeat after it.
 
@@ -243,7 +236,7 @@ class StepSync:
         if self.plan.adaptive is not None:
             return self.adaptive.table(self.switch, start)
         period = policy.period() * len(schedule.partitions(0))
-        return np.array([self.branch_of(start + i) for i in range(period)], dtype=np.int32)
+        return np.array([self.switch.branch_of(self.plan.action(start + i)) for i in range(period)], dtype=np.int32)
 
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""
@@ -254,7 +247,7 @@ class StepSync:
         table = tf.constant(self._table) if window is None else window.read_value()
         branch = tf.gather(table, offset)
         if warmup:
-            branch = tf.where(step < warmup, tf.constant(self.KEEP_BRANCH, tf.int32), branch)
+            branch = tf.where(step < warmup, tf.constant(KEEP_BRANCH, tf.int32), branch)
         return branch
 
     def _in_process_set(self):
