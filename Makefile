@@ -48,12 +48,14 @@ bench-rack-cost: setup
 bench-long-steps: setup
 	$(PY) -m hvd_dssync.bench.experiments.long_steps --launcher mpirun --layouts 2x4,4x2 --runs 5
 
-# Accuracy of DS-Sync's periods and PyTorch's averagers against Horovod's at a fixed epoch budget, 4 tasks, 10 seeds,
-# each configuration's difference from Horovod paired seed by seed with its bootstrap interval
-# (about 50 minutes).
+# Accuracy of the defaults' candidate periods and PyTorch's averagers against Horovod's at a fixed epoch budget,
+# 4 tasks, 10 seeds, each configuration's difference from Horovod paired seed by seed with its bootstrap interval
+# (about 20 minutes; every configuration of parity.py: --configs, about 50).
+PARITY_CONFIGS := horovod,dssync-every-2,dssync-every-4,dssync-every-8,dssync-one-group-every-8,dssync-one-group-every-16,postlocal-hierarchical-p8,postlocal-hierarchical-p16
 bench-parity: setup
-	PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 4800 \
-	    horovodrun -np 4 -H localhost:4 --gloo python -m hvd_dssync.bench.experiments.parity --seeds 0,1,2,3,4,5,6,7,8,9
+	mkdir -p bench-results && PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 4800 \
+	    horovodrun -np 4 -H localhost:4 --gloo python -m hvd_dssync.bench.experiments.parity --seeds 0,1,2,3,4,5,6,7,8,9 \
+	    --configs $(PARITY_CONFIGS) --json bench-results/parity.json
 
 simulate: setup
 	$(PY) -m hvd_dssync simulate --workers 8,64,512,4096

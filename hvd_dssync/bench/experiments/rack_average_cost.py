@@ -119,10 +119,11 @@ def _figures(output):
     return None
 
 
-def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False):
+def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False, cycle_time_ms=None):
     """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none.
     ``library`` "horovod-loop": Horovod with every op in its background loop, as released
-    (``HOROVOD_PROCESS_SETS_ASYNC=0`` on the project's build)."""
+    (``HOROVOD_PROCESS_SETS_ASYNC=0`` on the project's build). ``cycle_time_ms``: Horovod's
+    ``HOROVOD_CYCLE_TIME`` (its own default, 1 ms, when None)."""
     loop_bound = library == "horovod-loop"
     library = "horovod" if loop_bound else library
     from hvd_dssync.bench.launchers import head_command, launch_command, launch_env
@@ -135,6 +136,8 @@ def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, be
             env = launch_env(bed, "horovodrun", agent_dir)
             env["PYTHONPATH"] = ROOT
             env["HOROVOD_PROCESS_SETS_ASYNC"] = "0" if loop_bound else "1"
+            if cycle_time_ms is not None:
+                env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
             command = head_command(bed, launch_command(bed, "horovodrun", argv, agent_dir))
             procs = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True)]
@@ -175,6 +178,8 @@ def main(argv=None):
                         help="what a local step sleeps in the sleeping row (about a step's wall time here)")
     parser.add_argument("--iterations", type=int, default=40, help="timed iterations (after 5 untimed)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a job is killed")
+    parser.add_argument("--cycle-time-ms", type=float, default=None,
+                        help="HOROVOD_CYCLE_TIME for the Horovod jobs (default: Horovod's, 1 ms)")
     parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--racks-list", help=argparse.SUPPRESS)
     parser.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -198,8 +203,12 @@ def main(argv=None):
             (f"{local}, sleeping {sleep * 1e3:g} ms each", local, sleep, True, False),
             ("none", 0, 0.0, True, False),
             (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
+    if args.cycle_time_ms is not None and args.cycle_time_ms <= 0:
+        parser.error(f"--cycle-time-ms must be positive, got {args.cycle_time_ms:g}")
+    cycle = "Horovod's default" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g} ms"
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
-          f"{args.inter_mbit:g} Mbit/s; ms per iteration, median over the ranks", flush=True)
+          f"{args.inter_mbit:g} Mbit/s; Horovod's cycle time {cycle}; ms per iteration, median over the ranks",
+          flush=True)
     print("| local steps before each average | Horovod process sets | the same, every op in Horovod's loop "
           "| torch.distributed subgroups | ratio | ratio in the loop |\n|---|---:|---:|---:|---:|---:|")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
@@ -207,7 +216,7 @@ def main(argv=None):
             cells = []
             for library in ("horovod", "horovod-loop", "torch"):
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
-                                          args.timeout, beside=beside)
+                                          args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms)
                 if figures and beside:
                     figures = figures[sum(racks[:-1]):]  # the last rack's, beside the long average
                 cells.append(statistics.median(figures) if figures else None)
