@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: setup demo test test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse \
+.PHONY: setup demo test test-wide test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse \
 	bench-parity bench-rack-cost bench-long-steps simulate docs-check clean distclean
 
 setup:
@@ -14,6 +14,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# The 16-rank jobs (about 5 minutes) that `make test` leaves out for CI's time.
+test-wide: setup
+	$(PY) -m pytest tests -m wide
 
 test-core: setup
 	$(PY) -m pytest tests -m "not multirank"

@@ -77,7 +77,8 @@ def test_register_local_var_as_horovod(launcher, np):
 
 @pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4)), *[pytest.param(launcher, 8, id=f"{launcher}-np8")
                                                                   for launcher in LAUNCHERS],
-                                         pytest.param("gloo", 16, id="gloo-np16")])
+                                         pytest.param("gloo", 16, id="gloo-np16", marks=pytest.mark.wide),
+                                         pytest.param("mpi", 16, id="mpi-np16", marks=pytest.mark.wide)])
 def test_ranks_outside_the_process_set(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the same errors everywhere; the even ranks train
     together, the odd ones alone with model.fit, sending nothing (passes and local scaling as Horovod's); at 8

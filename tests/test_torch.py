@@ -42,9 +42,10 @@ def _train(launcher, optimizer, seed, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["gloo"])
 def test_digits_accuracy_matches_horovod(launcher, tmp_path):
-    """4 ranks, same epochs and hyper-parameters: DS-Sync within 1 point of hvd.DistributedOptimizer."""
+    """4 ranks, same epochs and hyper-parameters: DS-Sync within 1 point of hvd.DistributedOptimizer (under
+    Gloo only, for the suite's time: the launcher changes no figure of the arithmetic)."""
     seeds = (0, 1)
     dssync = sum(_train(launcher, "dssync", s, tmp_path) for s in seeds) / len(seeds)
     horovod = sum(_train(launcher, "horovod", s, tmp_path) for s in seeds) / len(seeds)
@@ -110,8 +111,8 @@ def test_process_sets_and_fp16_compression(launcher, init):
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4, 8)), *[pytest.param(launcher, 16, id=f"{launcher}-np16")
-                                                                      for launcher in LAUNCHERS]])
+@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4, 8)), pytest.param("gloo", 16, id="gloo-np16"),
+                                         pytest.param("mpi", 16, id="mpi-np16", marks=pytest.mark.wide)])
 def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing;
     at 8 and 16 ranks the set's groups are registered by every rank together."""

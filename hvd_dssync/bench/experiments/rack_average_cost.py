@@ -178,6 +178,8 @@ def main(argv=None):
                         help="what a local step sleeps in the sleeping row (about a step's wall time here)")
     parser.add_argument("--iterations", type=int, default=40, help="timed iterations (after 5 untimed)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a job is killed")
+    parser.add_argument("--rows", default="1,2,3,4,5",
+                        help="which of the five rows to run, comma-separated (default: all)")
     parser.add_argument("--cycle-time-ms", type=float, default=None,
                         help="HOROVOD_CYCLE_TIME for the Horovod jobs (default: Horovod's, 1 ms)")
     parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
@@ -205,9 +207,16 @@ def main(argv=None):
             (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
     if args.cycle_time_ms is not None and args.cycle_time_ms <= 0:
         parser.error(f"--cycle-time-ms must be positive, got {args.cycle_time_ms:g}")
-    cycle = "Horovod's default" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g} ms"
+    try:
+        chosen = sorted({int(row) for row in args.rows.split(",")})
+    except ValueError:
+        chosen = []
+    if not chosen or chosen[0] < 1 or chosen[-1] > len(rows):
+        parser.error(f"--rows must name rows among 1-{len(rows)}, comma-separated, got {args.rows!r}")
+    rows = [rows[k - 1] for k in chosen]
+    cycle = "unset (1 ms)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g} ms"
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
-          f"{args.inter_mbit:g} Mbit/s; Horovod's cycle time {cycle}; ms per iteration, median over the ranks",
+          f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
           flush=True)
     print("| local steps before each average | Horovod process sets | the same, every op in Horovod's loop "
           "| torch.distributed subgroups | ratio | ratio in the loop |\n|---|---:|---:|---:|---:|---:|")
