@@ -24,7 +24,7 @@ class FixedPairs:
 hvd.init()
 model = torch.nn.Linear(200, 200)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters(), schedule=FixedPairs(), seed=0)
+                               named_parameters=model.named_parameters(), schedule=FixedPairs())
 for step in range(STEPS):
     opt.zero_grad()
     model(torch.randn(4, 200)).sum().backward()
