@@ -155,6 +155,20 @@ class SyncPlan:
         self._window = window
         return acquire, release
 
+    def leave_window(self):
+        """The groups of the window in force (none before the first), which the optimizer releases when it
+        follows another plan from now on (a changed network: :mod:`hvd_dssync.resense`).
+
+        Example::
+
+            >>> plan = SyncPlan(rank=0, world_size=4, schedule="butterfly")
+            >>> plan.leave_window(), len(plan.window_change(0)[0]), len(plan.leave_window())
+            ((), 4, 4)
+        """
+        groups = () if self._window is None else self.schedule.window_groups(self._window)
+        self._window = None
+        return groups
+
     def config(self):
         config = {"schedule": self.schedule.config(), "policy": self.policy.config()}
         if self.adaptive is not None:

@@ -20,7 +20,9 @@ today's default, random groups):
    a rack, as in 2.
 
 The result is a :class:`Sensed` (how, what was found, what it cost), kept per process (:func:`sense_once`),
-so a later optimizer of the same job probes nothing. Numpy only: the adapters supply the collectives.
+so a later optimizer of the same job probes nothing. Where the racks were measured, the optimizer watches
+the averages that cross the network and senses again when their cost moves (:mod:`hvd_dssync.resense`).
+Numpy only: the adapters supply the collectives.
 """
 import logging
 import math
@@ -35,7 +37,7 @@ from .topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name, racks_from_r
 
 __all__ = ["AUTO", "Sensed", "layout", "host_racks", "probe_rounds", "local_address", "PairProbe", "measure", "racks_from_figures",
            "sense", "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS",
-           "SENSE_CAP_SECONDS", "MAX_PROBED_HOSTS", "default_topology"]
+           "SENSE_CAP_SECONDS", "MAX_PROBED_HOSTS", "default_topology", "sense_again"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 SENSE_NBYTES = 524288  # bytes of each timed transfer of the probe, at most (see SENSE_CAP_SECONDS)
@@ -475,9 +477,31 @@ def default_topology(hvd, allgather_rows, hosts_op_name, schedule, num_groups, g
                          whole_job, elastic_job(), dynamic):
         return None, None
 
-    def run():
-        return sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                     lambda mine: hvd.allgather_object(mine, name=hosts_op_name), allgather_rows)
-
-    sensed = sense_once((hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()), run, hvd.rank())
+    sensed = sense_once(_job_key(hvd), lambda: _sense_job(hvd, allgather_rows, hosts_op_name), hvd.rank())
     return sensed.topology(), sensed
+
+
+def sense_again(hvd, allgather_rows, hosts_op_name):
+    """Sense the job's racks anew (the network changed: :mod:`hvd_dssync.resense`), as
+    :func:`default_topology` did, and keep the result as the process's (:func:`last_sensed`); a collective
+    on every rank. Logs one line on rank 0. Returns the :class:`Sensed`.
+
+    Example::
+
+        sensed = sense_again(hvd, allgather_rows, "dssync.sense.hosts")
+    """
+    sensed = _sense_job(hvd, allgather_rows, hosts_op_name)
+    _cache.clear()
+    _cache[_job_key(hvd)] = sensed
+    if hvd.rank() == 0:
+        log.info(sensed.describe().replace("sensed", "sensed again", 1))
+    return sensed
+
+
+def _job_key(hvd):
+    return hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()
+
+
+def _sense_job(hvd, allgather_rows, hosts_op_name):
+    return sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
+                 lambda mine: hvd.allgather_object(mine, name=hosts_op_name), allgather_rows)

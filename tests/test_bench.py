@@ -338,6 +338,51 @@ def test_the_default_senses_the_racks_behind_the_slow_link():
     assert sensed["schedule"] == "TopologyAware" and sensed["average_every"] == RACK_AVERAGE_EVERY, sensed
 
 
+@needs_namespaces
+@pytest.mark.multirank
+def test_the_default_senses_again_when_the_link_between_the_racks_slows_and_recovers(tmp_path):
+    """4 emulated hosts of one rank in 2 racks, the link between them first as fast as the hosts' own: the
+    default senses one flat network (one group of every rank, every 8 steps); the test slows the link 10x
+    while the job trains, and the default senses the racks and takes the topology-aware schedule on them;
+    the link restored, it senses one flat network again."""
+    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
+
+    path = os.path.join(ROOT, "tests", "workers", "torch_resense.py")
+    timeout = 180
+    deadline = time.monotonic() + timeout
+    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=200) as bed:
+        rendezvous, port = _start_rendezvous(bed, deadline)
+        env = [dict(rank_env(bed, rank, "dssync-default", port), RESENSE_DIR=str(tmp_path)) for rank in range(bed.size)]
+        logs = [open(tmp_path / f"rank{rank}.log", "w+") for rank in range(bed.size)]
+        procs = [bed.popen(rank, [sys.executable, path], env=env[rank], stdout=logs[rank], stderr=subprocess.STDOUT)
+                 for rank in range(bed.size)]
+        try:
+            pending = [("slow", 20), ("fast", 200)]
+            while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+                if pending and (tmp_path / pending[0][0]).exists():
+                    rate, mbit = pending.pop(0)
+                    bed.set_inter_rate(mbit)
+                    (tmp_path / f"{rate}.done").touch()
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            rendezvous.stdin.close()
+            rendezvous.wait(timeout=10)
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    (seen,) = [json.loads(line[5:]) for line in outputs[0].splitlines() if line.startswith("SEEN ")]
+    assert seen["racks"]["racks"] == [[0, 1], [2, 3]] and seen["racks"]["schedule"] == "TopologyAware", seen
+    assert seen["racks"]["average_every"] == RACK_AVERAGE_EVERY, seen
+    assert seen["again"]["racks"] is None and seen["again"]["groups"] == [[0, 1, 2, 3]], seen
+    assert seen["again"]["average_every"] == 8, seen
+
+
 def _on_four_hosts_in_two_racks(worker, contender, timeout):
     """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks behind a 10x slower link, with
     the bench's rendezvous and ``contender``'s environment; every rank's output, after all exited 0."""

@@ -90,6 +90,12 @@ class Averaging:
         self._carry = None
         self._agreed = None
 
+    def follow_schedule(self):
+        """The optimizer follows another schedule (the racks sensed again): a bridge's carry, for the racks of
+        the old one, is dropped. Nothing is in flight (the optimizer finished it)."""
+        self._carry = None
+        self._agreed = None
+
     def drop_pending(self):
         """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
         model keeps this rank's own update."""

@@ -158,12 +158,17 @@ def allgather_job_rows(row, tag=0):
 def _default_topology(schedule, num_groups, group_size, topology, schedule_options, whole_job):
     """``DistributedOptimizer``'s ``topology`` resolved by :func:`hvd_dssync.sensing.default_topology`:
     "auto" becomes the sensed racks or ``None``; ``(topology, Sensed or None)``."""
-
-    def allgather_rows(row):
-        return hvd.allgather(torch.from_numpy(row).reshape(1, -1), name="dssync.sense.figures").numpy()
-
-    return sensing.default_topology(hvd, allgather_rows, "dssync.sense.hosts", schedule, num_groups, group_size,
+    return sensing.default_topology(hvd, _allgather_figures, "dssync.sense.hosts", schedule, num_groups, group_size,
                                     topology, schedule_options, whole_job)
+
+
+def _sense_again():
+    """The job's racks sensed anew (:func:`hvd_dssync.sensing.sense_again`); a collective."""
+    return sensing.sense_again(hvd, _allgather_figures, "dssync.sense.hosts")
+
+
+def _allgather_figures(row):
+    return hvd.allgather(torch.from_numpy(row).reshape(1, -1), name="dssync.sense.figures").numpy()
 
 
 STATIC_SETS_PER_RANK = 8  # the most static sets one rank joins in :func:`init`, or it uses dynamic sets

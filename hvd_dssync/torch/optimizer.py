@@ -32,6 +32,7 @@ from ..guards import check_nccl_process_sets
 from ..join import JoinState
 from ..plan import BSP, SyncPlan, check_horovod_arguments, check_ranks_agree
 from ..process_sets import elastic_job, registry_for
+from ..resense import watches
 from ..scope import acquire_registered, scope_of
 from ..world import Done, World
 from . import collectives
@@ -44,6 +45,7 @@ from .exit import watch_until_exit
 from .functions import _default_topology, allgather_job_rows, job_topology
 from .live import note_construction, note_step, op_prefix
 from .outside import OutsideProcessSet
+from .resensing import Resensing
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
 from .uneven import join
@@ -59,7 +61,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, config, plan, model, scope):
+                 gradient_predivide_factor, sparse_as_dense, process_set, config, plan, model, scope, sensed=None,
+                 resensing=None):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -85,6 +88,9 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._joins = JoinState(scope.world_size)  # ranks known to have run out of data (hvd_dssync.join)
         # The parts, each given what it needs; the world they run in comes with each call (self._world()).
         self._guard = StepGuard(self._name)
+        self.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
+        # Where the racks were measured: sensing again when the averages across the network change cost.
+        self._resensing = None if resensing is None else Resensing(self._name, *resensing)
         self._adaptive = AdaptiveStep(self._name, self._guard)
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
         self._sparse = SparseRows(self, named_parameters, self._name, config.sparse_average and not config.overlap
@@ -159,6 +165,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
                     self._sparse.note_changed()
                 done = self._averaging.average_model(world, action, step)
         self._record(done)
+        if self._resensing is not None:
+            self._follow_network(self._resensing.end_step(world, step, done))
         if serving:
             self.finish_pending()  # what the average carried must be known at the end of the step
         if self._plan.adaptive is not None:
@@ -206,7 +214,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         self.finish_pending()
         state = super(self.__class__, self).state_dict()
-        state["dssync"] = dssync_state(self.sync_step, self._plan, self._config, self._averaging, self._sparse)
+        state["dssync"] = dssync_state(self.sync_step, self._plan, self._config, self._averaging, self._sparse,
+                                       self.sensed)
         return state
 
     def load_state_dict(self, state_dict):
@@ -218,9 +227,10 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("dssync", None)
         if saved is not None:
-            check_dssync_state(saved, self._plan, self._config)  # before the collective below: a clear error
+            check_dssync_state(saved, self._plan, self._config, self.sensed)  # before the collective below: a clear error
             self.finish_pending()
-            self.sync_step = load_dssync_state(saved, self._plan, self._config, self._averaging, self._sparse)
+            self.sync_step = load_dssync_state(saved, self._plan, self._config, self._averaging, self._sparse,
+                                                 self.sensed)
         self._synchronized = False
         super(self.__class__, self).load_state_dict(state_dict)
 
@@ -291,6 +301,20 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             self._plan.adaptive.load(adaptive.state())
         self.sync_step = self._check_ranks_agree(with_step=True)
         self._take_state(0, with_step=False)  # a newcomer's decision is rank 0's, as its step
+
+    def _follow_network(self, config):
+        """Train on ``config`` from the next step on (the racks sensed again: :mod:`.resensing`), or go on as
+        before where it is None. Every rank follows at the same step: the registry's changes are collectives."""
+        if config is None:
+            return
+        self.finish_pending()  # an average in flight runs on the old groups' process sets
+        leaving = self._plan.leave_window()
+        self._config = config
+        self._plan = SyncPlan.from_config(self._scope.rank, self._scope.world_size, config)
+        self._averaging.follow_schedule()
+        self._averaging.enter_window(self._world(), self.sync_step + 1)
+        self._registry.release(leaving)
+        self.sensed = self._resensing.sensed.to_dict()
 
     # --- hvd.join() (hvd_dssync.torch.uneven): this rank has run out of data ---------------------
 
@@ -458,6 +482,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = check_named_parameters(optimizer, named_parameters)
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    requested = config
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
     plan = SyncPlan.from_config(0 if scope.outside else scope.rank, scope.world_size, config)
@@ -479,6 +504,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DSSyncOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, sparse_as_dense,
-                  process_set if in_process_set else hvd.global_process_set, config, plan, model, scope)
-    wrapped.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
+                  process_set if in_process_set else hvd.global_process_set, config, plan, model, scope, sensed,
+                  (requested, sensed) if watches(sensed, config.adaptive()) else None)
     return wrapped

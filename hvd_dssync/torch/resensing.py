@@ -1,0 +1,69 @@
+"""Sensing again when the network changes (:mod:`hvd_dssync.resense`), for the PyTorch adapter.
+
+The default optimizer (``topology="auto"``, racks measured) notes what each average that crossed the network
+cost; every ``CHECK_EVERY`` steps the ranks gather one figure each, and where the cost moved, they sense the
+racks again and the optimizer follows the configuration that the sensing resolves to.
+"""
+import logging
+
+import horovod.torch as hvd
+import torch
+
+from ..plan import GROUP
+from ..resense import NetworkWatch
+from . import collectives
+from .functions import _sense_again, job_topology
+
+__all__ = ["Resensing"]
+
+log = logging.getLogger("hvd_dssync")
+
+
+class Resensing:
+    """The network's watch of one optimizer (:class:`hvd_dssync.resense.NetworkWatch`) and the sensing again.
+
+    Args:
+        name: the optimizer's op names.
+        requested: the :class:`hvd_dssync.config.SyncConfig` as the user gave it (``topology="auto"``), which
+            each sensing resolves anew.
+        sensed: the :class:`hvd_dssync.sensing.Sensed` the optimizer was built on.
+
+    Example::
+
+        resensing = Resensing("dssync.0", requested, sensed)
+        config = resensing.end_step(world, step, done)   # a collective at the check steps
+        if config is not None:
+            ...  # follow the new configuration from the next step on
+    """
+
+    def __init__(self, name, requested, sensed):
+        self.name = name
+        self.requested = requested
+        self.sensed = sensed
+        self.watch = NetworkWatch(requested.warmup_steps)
+        self.changes = 0  # times the ranks sensed again
+
+    def end_step(self, world, step, done):
+        """Note what this step's average cost (``done``: :class:`hvd_dssync.world.Done`, or None); at a check
+        step, gather every rank's figure and, where the network changed, sense again. Returns the new resolved
+        :class:`hvd_dssync.config.SyncConfig` where the racks differ from those in force, else None."""
+        if done is not None:
+            action = done.action
+            crosses = world.plan.schedule.crosses(action.group) if action.kind == GROUP else None
+            self.watch.note(world.scope.world_size, done.seconds, crosses, len(action.group), action.kind)
+        if not self.watch.due(step):
+            return None
+        mine = torch.tensor([[self.watch.figure()]], dtype=torch.float64)
+        figures = collectives.allgather(mine, name=f"{self.name}.network", process_set=world.process_set)
+        if not self.watch.decide(figures.numpy()[:, 0]):
+            return None
+        if hvd.rank() == 0:
+            log.info(f"hvd_dssync: at step {step} an average across the network took {self.watch.last:.3f} s; "
+                     "sensing the racks again")
+        before, self.sensed = self.sensed, _sense_again()
+        self.watch.restart()
+        self.changes += 1
+        if self.sensed.racks == before.racks:
+            return None
+        config, _ = self.requested.resolve(lambda *_: (self.sensed.topology(), self.sensed), job_topology)
+        return config

@@ -1,0 +1,65 @@
+"""One rank of a job of one rank per emulated host, 2 racks, whose link between the racks the test slows down
+and restores while the job trains: the default optimizer, built on a flat network, senses the racks again
+when the link slows (the topology-aware schedule on them) and again when it recovers (one group of every
+rank). Rank 0 asks the test for each change through files in ``RESENSE_DIR``; the other ranks wait for it in
+the next average. Every check raises on failure, so a failing rank fails the job.
+"""
+import json
+import os
+import time
+
+import common
+import horovod.torch as hvd
+import hvd_dssync.torch as dss
+import torch
+from common import check
+
+PHASE_STEPS = 64  # steps on each network: the change shows in the second check after it (16 steps each)
+RATE_WAIT_SECONDS = 30
+
+hvd.init()
+RANK, SIZE = common.identify(hvd)
+folder = os.environ["RESENSE_DIR"]
+
+torch.manual_seed(RANK)
+model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
+                               model=model)
+
+
+def train(steps):
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 64)).pow(2).mean().backward()
+        opt.step()
+
+
+def network(rate):
+    """Rank 0 asks the test for the link's ``rate`` ("slow" or "fast") and waits until it is set."""
+    if RANK == 0:
+        open(os.path.join(folder, rate), "w").close()
+        deadline = time.monotonic() + RATE_WAIT_SECONDS
+        while not os.path.exists(os.path.join(folder, f"{rate}.done")):
+            check(time.monotonic() < deadline, f"the test did not set the {rate} link")
+            time.sleep(0.05)
+    hvd.allreduce(torch.zeros(1), name=f"resense.{rate}")
+
+
+def seen():
+    return dict(opt.sensed, schedule=type(opt.schedule).__name__, average_every=opt.policy.average_every,
+                groups=[list(g) for g in opt.schedule.groups(opt.sync_step)])
+
+
+check(opt.sensed["how"] == "measured" and opt.sensed["racks"] is None, f"built on {opt.sensed}")
+train(PHASE_STEPS)
+flat = seen()
+check(flat["average_every"] == 8 and flat["groups"] == [list(range(SIZE))], f"flat: {flat}")
+network("slow")
+train(PHASE_STEPS)
+racks = seen()
+network("fast")
+train(PHASE_STEPS)
+again = seen()
+dss.synchronize_models(model)
+if RANK == 0:
+    print("SEEN " + json.dumps({"flat": flat, "racks": racks, "again": again}), flush=True)
