@@ -8,9 +8,10 @@ where the racks were measured, the optimizer watches what the averages that cros
 - an average *crosses* where its group spans the racks the schedule knows (a topology-aware bridge), or,
   on a network sensed flat, where it joins every rank;
 - each rank keeps the fewest seconds of its crossing averages since the last check; every
-  :data:`CHECK_EVERY` steps the ranks gather these figures (one small allgather) and take the smallest:
-  the rank that arrives last at a collective waits for nobody, so its time is the link's, not a straggler's
-  or a late rank's (:func:`hvd_dssync.adaptive.decide` reads global averages the same way);
+  :data:`CHECK_EVERY` steps the ranks gather these figures (one small allgather, read at the next check, so
+  that no rank waits for it) and take the smallest: the rank that arrives last at a collective waits for
+  nobody, so its time is the link's, not a straggler's or a late rank's (:func:`hvd_dssync.adaptive.decide`
+  reads global averages the same way);
 - where that figure moved by :data:`CHANGE_RATIO` or more from any earlier check's since the racks were
   last sensed (slower than the cheapest, or cheaper than the costliest), every rank senses again, at the
   same step, and the optimizer follows what it finds: the topology-aware schedule on racks, one group of

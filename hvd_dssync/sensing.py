@@ -44,6 +44,10 @@ SENSE_NBYTES = 524288  # bytes of each timed transfer of the probe, at most (see
 SENSE_REPEATS = 2  # timed transfers per pair (after an unmeasured exchange); the fastest counts
 SENSE_CAP_SECONDS = 0.005  # a transfer stops sending after this long: slow links cost little to tell
 SENSE_CHUNK = 16384  # bytes sent at a time (each after a 4-byte length; a zero length ends the transfer)
+# The sender's socket buffer: what a capped transfer leaves in flight to drain after SENSE_CAP_SECONDS (the
+# kernel's own buffer grows to megabytes, which a slow link then takes a second to carry); at least a fast
+# link's bandwidth-delay product (128 KB in flight, as Linux doubles it, fills 10 Gbit/s at 100 us).
+SENSE_SEND_BUFFER = 65536
 MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
 
 log = logging.getLogger("hvd_dssync")
@@ -266,10 +270,14 @@ class PairProbe:
 
         A transfer stops sending once ``cap_seconds`` have passed (at least one chunk is sent): a fast link
         carries all ``nbytes`` before that, a slow one is timed on what it carried, so a slow link costs
-        about ``cap_seconds`` (plus what the socket still holds) instead of ``nbytes`` at its own rate.
+        about ``cap_seconds`` (plus what the socket still holds, at most :data:`SENSE_SEND_BUFFER` and its
+        kernel's share) instead of ``nbytes`` at its own rate.
         """
         payload = memoryview(bytes(SENSE_CHUNK))
-        with socket.create_connection(tuple(endpoint), timeout=self.timeout) as conn:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SENSE_SEND_BUFFER)
+            conn.settimeout(self.timeout)
+            conn.connect(tuple(endpoint))
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sendall(rank.to_bytes(4, "big"))
             conn.sendall(b"w")

@@ -62,6 +62,13 @@ def test_torch_averaging_returns_what_it_did_and_keeps_its_state_for_the_checkpo
     other = SyncPlan.from_config(0, 4, SyncConfig(num_groups=1, seed=0, average_every=2))
     with pytest.raises(ValueError, match="configuration .* differs"):
         load_dssync_state(state, other, config, fresh, sparse)
+    # Racks measured when saved and when resumed are the network's of the day (hvd_dssync.resense): either
+    # schedule may stand, and the other's bridge carry means nothing.
+    measured = {"how": "measured"}
+    state = dssync_state(7, plan, config, averaging, sparse, measured)
+    assert load_dssync_state(state, other, config, fresh, sparse, measured) == 7
+    with pytest.raises(ValueError, match="configuration .* differs"):
+        load_dssync_state(state, other, config, fresh, sparse, {"how": "hosts"})
 
 
 def test_torch_sparse_rows_read_the_optimizer_they_are_given():

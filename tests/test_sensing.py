@@ -276,3 +276,72 @@ def test_sensing_runs_once_per_process_and_world():
     assert sensing.last_sensed() is first
     sense_once(("test", 3, 0), run)  # a new world (elastic): sensed again
     assert len(runs) == 2
+
+
+def _watch_checks(watch, windows, world_size=8):
+    """Feed ``windows`` (each: every rank's crossing averages' seconds of one check, a list per rank) to
+    ``watch`` as the steps would, and return its decisions at each check."""
+    decisions = []
+    for window in windows:
+        figures = []
+        for rank_seconds in window:
+            for seconds in rank_seconds:
+                watch.note(world_size, seconds, crosses=None, group_size=world_size, kind="group")
+            figures.append(watch.figure())
+        decisions.append(watch.decide(figures))
+    return decisions
+
+
+def test_the_watch_senses_again_when_the_crossing_averages_slow_down_or_recover():
+    from hvd_dssync.resense import NetworkWatch
+
+    fast, slow = [[0.010, 0.03]] * 8, [[0.10, 0.12]] * 8
+    # A flat network whose link drops: the second check's averages cost 10x the first's.
+    assert _watch_checks(NetworkWatch(), [fast, fast, slow]) == [False, False, True]
+    # Sensed again on the slow network, which then recovers.
+    watch = NetworkWatch()
+    _watch_checks(watch, [fast, slow])
+    watch.restart()
+    assert _watch_checks(watch, [slow, slow, fast]) == [False, False, True]
+    # A check that straddles the drop keeps its cheaper average; the next one tells.
+    assert _watch_checks(NetworkWatch(), [fast, [[0.010, 0.1]] * 8, slow]) == [False, False, True]
+
+
+def test_the_watch_reads_the_link_not_a_straggler_nor_noise():
+    from hvd_dssync.resense import NetworkWatch
+
+    fast = [[0.010, 0.012]] * 8
+    # A straggler: the others wait for it at every average, but it arrives last and waits for nobody.
+    straggling = [[0.011]] + [[0.3, 0.4]] * 7
+    assert _watch_checks(NetworkWatch(), [fast, straggling, straggling, fast]) == [False] * 4
+    # Noise below the ratio, and a check where no rank crossed the network, decide nothing.
+    noisy = [[0.03]] * 8
+    assert _watch_checks(NetworkWatch(), [fast, noisy, [[]] * 8, fast]) == [False] * 4
+
+
+def test_the_watch_counts_only_averages_across_the_network():
+    from hvd_dssync.resense import NetworkWatch
+
+    watch = NetworkWatch(warmup_steps=2, check_every=4)
+    assert [watch.due(step) for step in range(10)] == [False] * 5 + [True] + [False] * 3 + [True]
+    watch.note(8, 0.5, crosses=False, group_size=4, kind="group")  # inside a rack
+    watch.note(8, 0.5, crosses=None, group_size=4, kind="group")   # a group of 4 of 8 on a flat network
+    watch.note(8, 0.5, crosses=None, group_size=8, kind="bsp")     # the warm-up's gradients
+    assert math.isnan(watch.figure())
+    watch.note(8, 0.2, crosses=True, group_size=2, kind="group")   # a bridge
+    watch.note(8, 0.3, crosses=None, group_size=8, kind="global")  # every rank
+    assert watch.figure() == 0.2 and math.isnan(watch.figure())
+    with pytest.raises(ValueError, match="check_every"):
+        NetworkWatch(check_every=0)
+
+
+@pytest.mark.parametrize("how, adaptive, environ, expected", [
+    ("measured", None, {}, True), ("measured", None, {"HVD_DSSYNC_RESENSE": "0"}, False),
+    ("measured", {"decide_every": 16}, {}, False), ("hosts", None, {}, False), ("one host", None, {}, False),
+    ("not probed", None, {}, False),
+])
+def test_only_measured_racks_under_the_fixed_policy_are_watched(how, adaptive, environ, expected):
+    from hvd_dssync.resense import watches
+
+    assert watches(Sensed(how, None, hosts=8), adaptive, environ) is expected
+    assert watches(None, None, environ) is False

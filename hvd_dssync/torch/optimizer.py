@@ -314,7 +314,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._averaging.follow_schedule()
         self._averaging.enter_window(self._world(), self.sync_step + 1)
         self._registry.release(leaving)
-        self.sensed = self._resensing.sensed.to_dict()
+        self.sensed = dict(self._resensing.sensed.to_dict(), step=self._resensing.step)
 
     # --- hvd.join() (hvd_dssync.torch.uneven): this rank has run out of data ---------------------
 
@@ -424,10 +424,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None
             (the default: "topology" where the racks are known, else "shuffle").
         topology: racks for schedule "topology" (a Topology, a JSON file, or lists of ranks); "auto" (the
-            default) senses them once per job where no other DS-Sync argument names the schedule
-            (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more make
-            the default schedule "topology" on them, several hosts on one flat network one group of every
-            rank (``num_groups=1``, averaging every 8 steps). ``opt.sensed`` says how, what and in how many seconds.
+            default) senses them when the optimizer is built where no other DS-Sync argument names the
+            schedule (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more
+            make the default schedule "topology" on them, several hosts on one flat network one group of every
+            rank (``num_groups=1``, averaging every 8 steps). Racks found by timing are sensed again when the
+            averages across the network change cost (:mod:`hvd_dssync.resense`), and the schedule follows.
+            ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local, without communication
@@ -481,7 +483,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = check_named_parameters(optimizer, named_parameters)
-    # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    # topology="auto": the racks sensed (hvd_dssync.sensing), or None where there is one rack; where they were
+    # measured, sensed again when the network changes (hvd_dssync.resense).
     requested = config
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
