@@ -30,7 +30,7 @@ from .policy import BSP, LOCAL
 
 __all__ = ["NetworkWatch", "watches", "CHECK_EVERY", "CHANGE_RATIO", "RESENSE_ENV"]
 
-CHECK_EVERY = 16  # steps between two checks: two averages of every rank on a flat network, one bridge on racks
+CHECK_EVERY = 8  # steps between two checks: an average of every rank on a flat network, a bridge on racks every other
 CHANGE_RATIO = 4.0  # how far a crossing average's cost must move to sense again (a slowed link moves it 10x)
 RESENSE_ENV = "HVD_DSSYNC_RESENSE"
 

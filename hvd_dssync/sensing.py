@@ -45,9 +45,10 @@ SENSE_REPEATS = 2  # timed transfers per pair (after an unmeasured exchange); th
 SENSE_CAP_SECONDS = 0.005  # a transfer stops sending after this long: slow links cost little to tell
 SENSE_CHUNK = 16384  # bytes sent at a time (each after a 4-byte length; a zero length ends the transfer)
 # The sender's socket buffer: what a capped transfer leaves in flight to drain after SENSE_CAP_SECONDS (the
-# kernel's own buffer grows to megabytes, which a slow link then takes a second to carry); at least a fast
-# link's bandwidth-delay product (128 KB in flight, as Linux doubles it, fills 10 Gbit/s at 100 us).
-SENSE_SEND_BUFFER = 65536
+# kernel's own buffer grows to megabytes, which a slow link then takes a second to carry, times the pairs
+# that share it); at least a fast link's bandwidth-delay product (64 KB in flight, as Linux doubles it,
+# fills 25 Gbit/s at a 20 us round trip).
+SENSE_SEND_BUFFER = 32768
 MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
 
 log = logging.getLogger("hvd_dssync")

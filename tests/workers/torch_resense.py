@@ -14,7 +14,7 @@ import hvd_dssync.torch as dss
 import torch
 from common import check
 
-PHASE_STEPS = 64  # steps on each network: the change shows in the second check after it (16 steps each)
+PHASE_STEPS = 64  # steps on each network: a change is decided on two or three checks after it (8 steps each)
 RATE_WAIT_SECONDS = 30
 
 hvd.init()
