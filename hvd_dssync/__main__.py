@@ -24,6 +24,7 @@ import numpy as np
 from . import __version__, build
 from .schedules import SCHEDULE_NAMES, make_schedule
 from .adaptive import AdaptivePolicy
+from .bench.arguments import positive_float
 from .simulate import (TABLE_SCHEDULES, format_table, parse_rate_changes, rack_topology, replay_adaptive,
                        simulate_table)
 
@@ -57,13 +58,6 @@ def _positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text):
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -113,11 +107,11 @@ def _add_simulate(commands):
     sim.add_argument("--steps", type=_positive_int, default=1000,
                      help="steps simulated: the horizon for reaching --target and for the link means (default 1000)")
     sim.add_argument("--error-steps", type=_positive_int, default=10, help="report the error after this many steps")
-    sim.add_argument("--target", type=_positive_float, default=1e-3, help="consensus error to reach (default 1e-3)")
+    sim.add_argument("--target", type=positive_float, default=1e-3, help="consensus error to reach (default 1e-3)")
     sim.add_argument("--rack-size", type=_positive_int, default=8, help="consecutive ranks per rack (default 8)")
-    sim.add_argument("--cross-rack-gbps", type=_positive_float, default=1.0, help="rack uplink rate (default 1)")
-    sim.add_argument("--intra-rack-gbps", type=_positive_float, default=10.0, help="host NIC rate (default 10)")
-    sim.add_argument("--model-mb", type=_positive_float, default=100.0, help="model size in MB of 1e6 bytes (default 100)")
+    sim.add_argument("--cross-rack-gbps", type=positive_float, default=1.0, help="rack uplink rate (default 1)")
+    sim.add_argument("--intra-rack-gbps", type=positive_float, default=10.0, help="host NIC rate (default 10)")
+    sim.add_argument("--model-mb", type=positive_float, default=100.0, help="model size in MB of 1e6 bytes (default 100)")
     sim.add_argument("--average-every", type=_positive_int, default=1,
                      help="DS-Sync schedules average on one step in this many, local steps between (default 1)")
     sim.add_argument("--seed", type=int, default=0)
@@ -129,7 +123,7 @@ def _add_simulate(commands):
                           "(seconds, Gb/s; inter: rack uplinks, intra: NICs) or a JSON timetable file")
     sim.add_argument("--decide-every", type=_positive_int, default=64,
                      help="with --adaptive: steps between decisions (default 64)")
-    sim.add_argument("--compute-ms", type=_positive_float, default=200.0,
+    sim.add_argument("--compute-ms", type=positive_float, default=200.0,
                      help="with --adaptive: compute time of a step, in ms (default 200)")
     sim.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     sim.set_defaults(run=_run_simulate)

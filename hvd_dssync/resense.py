@@ -18,8 +18,12 @@ where the racks were measured, the optimizer watches what the averages that cros
   every rank on a flat network (:meth:`hvd_dssync.config.SyncConfig.resolve`, as when it was built).
 
 Every rank decides from the same gathered figures, so every rank senses again or none does. Numpy only:
-the adapters gather the figures and sense. ``HVD_DSSYNC_RESENSE=0`` turns the watch off (the racks are then
-sensed once, as before), for side-by-side runs.
+the adapters gather the figures and sense.
+
+The watch is off unless ``HVD_DSSYNC_RESENSE=1`` (PyTorch): on the bench's emulated cluster, whose jobs reach
+95% a few seconds after the link changes, sensing again and registering the new groups (about 1 s on 8 hosts)
+cost more than the better schedule saved, and the schedule on racks needs more steps to the same accuracy
+(docs/tuning.md has the figures).
 """
 import math
 import os
@@ -36,22 +40,23 @@ RESENSE_ENV = "HVD_DSSYNC_RESENSE"
 
 
 def watches(sensed, adaptive, environ=None):
-    """Whether an optimizer watches the network: its racks were measured when it was built (``sensed`` is a
-    :class:`hvd_dssync.sensing.Sensed` of how "measured"), it runs the fixed policy (``adaptive`` is None:
-    the adaptive policy follows the cost itself) and ``HVD_DSSYNC_RESENSE`` is not "0". Host names alone
-    ("hosts") and one host say nothing a later look could change.
+    """Whether an optimizer watches the network: ``HVD_DSSYNC_RESENSE`` is "1", its racks were measured when
+    it was built (``sensed`` is a :class:`hvd_dssync.sensing.Sensed` of how "measured") and it runs the fixed
+    policy (``adaptive`` is None: the adaptive policy follows the cost itself). Host names alone ("hosts")
+    and one host say nothing a later look could change.
 
     Example::
 
         >>> from hvd_dssync.sensing import Sensed
-        >>> watches(Sensed("measured", None, hosts=8), None, {}), watches(Sensed("hosts", [[0], [1]]), None, {})
+        >>> on = {"HVD_DSSYNC_RESENSE": "1"}
+        >>> watches(Sensed("measured", None, hosts=8), None, on), watches(Sensed("hosts", [[0], [1]]), None, on)
         (True, False)
-        >>> watches(Sensed("measured", None, hosts=8), None, {"HVD_DSSYNC_RESENSE": "0"})
+        >>> watches(Sensed("measured", None, hosts=8), None, {})  # off unless asked for
         False
     """
     environ = os.environ if environ is None else environ
-    return (sensed is not None and sensed.how == "measured" and adaptive is None
-            and environ.get(RESENSE_ENV, "1") != "0")
+    return (environ.get(RESENSE_ENV, "0") == "1" and sensed is not None and sensed.how == "measured"
+            and adaptive is None)
 
 
 class NetworkWatch:

@@ -142,7 +142,7 @@ DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.schedules.base", "hvd_dss
                    "hvd_dssync.bench.scenarios", "hvd_dssync.bench.worker", "hvd_dssync.adaptive.settings",
                    "hvd_dssync.adaptive.decisions", "hvd_dssync.adaptive.state", "hvd_dssync.adaptive.wire",
                    "hvd_dssync.sparse", "hvd_dssync.join", "hvd_dssync.config", "hvd_dssync.differences",
-                   "hvd_dssync.sensing", "hvd_dssync.resense", "hvd_dssync.build"]
+                   "hvd_dssync.sensing", "hvd_dssync.resense", "hvd_dssync.build", "hvd_dssync.bench.arguments"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

@@ -335,12 +335,15 @@ def test_the_watch_counts_only_averages_across_the_network():
         NetworkWatch(check_every=0)
 
 
+ON = {"HVD_DSSYNC_RESENSE": "1"}
+
+
 @pytest.mark.parametrize("how, adaptive, environ, expected", [
-    ("measured", None, {}, True), ("measured", None, {"HVD_DSSYNC_RESENSE": "0"}, False),
-    ("measured", {"decide_every": 16}, {}, False), ("hosts", None, {}, False), ("one host", None, {}, False),
-    ("not probed", None, {}, False),
+    ("measured", None, ON, True), ("measured", None, {}, False), ("measured", None, {"HVD_DSSYNC_RESENSE": "0"}, False),
+    ("measured", {"decide_every": 16}, ON, False), ("hosts", None, ON, False), ("one host", None, ON, False),
+    ("not probed", None, ON, False),
 ])
-def test_only_measured_racks_under_the_fixed_policy_are_watched(how, adaptive, environ, expected):
+def test_only_measured_racks_under_the_fixed_policy_are_watched_when_asked(how, adaptive, environ, expected):
     from hvd_dssync.resense import watches
 
     assert watches(Sensed(how, None, hosts=8), adaptive, environ) is expected

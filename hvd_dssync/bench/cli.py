@@ -19,6 +19,7 @@ import sys
 import time
 
 from . import report
+from .arguments import names
 from .contenders import CONTENDERS, HOROVOD_CONTENDERS, JobFailed, run_contender
 from .launchers import MPIRUN_ONLY, contender_launcher, run_launched_contender
 from .metric import TASKS
@@ -26,19 +27,6 @@ from .scenarios import SCENARIOS, scenario
 from .testbed import LoopbackBed, Testbed, namespaces_available
 
 __all__ = ["main", "build_parser"]
-
-
-def _csv(kind, choices=None):
-    def parse(text):
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        if choices is not None:
-            if items == ["all"]:
-                return list(choices)
-            bad = [i for i in items if i not in choices]
-            if bad:
-                raise argparse.ArgumentTypeError(f"unknown {kind} {', '.join(bad)}; choose from {', '.join(choices)}")
-        return items
-    return parse
 
 
 def build_parser():
@@ -55,10 +43,10 @@ def build_parser():
     p.add_argument("--intra-mbit", type=float, default=400.0, help="each host's own link rate")
     p.add_argument("--inter-mbit", type=float, default=40.0, help="rate between racks (static scenario)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay between racks")
-    p.add_argument("--scenarios", type=_csv("scenario", SCENARIOS), default=list(SCENARIOS))
-    p.add_argument("--contenders", type=_csv("contender", CONTENDERS), default=list(CONTENDERS),
+    p.add_argument("--scenarios", type=names("scenario", SCENARIOS), default=list(SCENARIOS))
+    p.add_argument("--contenders", type=names("contender", CONTENDERS), default=list(CONTENDERS),
                    help="comma-separated, or 'all'")
-    p.add_argument("--others-in", type=_csv("contender", CONTENDERS), default=list(CONTENDERS),
+    p.add_argument("--others-in", type=names("contender", CONTENDERS), default=list(CONTENDERS),
                    help="of the contenders, those that also run in the scenarios other than static")
     p.add_argument("--steps", type=int, default=150, help="most training steps per contender")
     p.add_argument("--max-train-seconds", type=float, default=20.0, help="training-time budget per contender")

@@ -44,7 +44,7 @@ DSSYNC_CONTENDERS = {
     "dssync-local-idle-sets": ("one group", True),
     "dssync-default": ("default", False),
     "dssync-default-loop": ("default", False),
-    "dssync-default-once": ("default", False),
+    "dssync-default-resense": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
@@ -85,12 +85,12 @@ DYNAMIC_SETS = {"dssync-topology-local-dynamic"}
 # default schedule comes from what the optimizer senses of the network (``topology="auto"``). Its record
 # holds what was sensed and what it cost (``record["sensed"]``).
 DEFAULT = "dssync-default"
-# The plain swap with one thing turned off, in its environment, to measure what that thing buys side by side:
-# "-loop": Horovod performs every op in its background loop, as released (HOROVOD_PROCESS_SETS_ASYNC=0 on the
-# project's build: no concurrent process sets); "-once": the racks are sensed once, when the optimizer is
-# built, and never again (HVD_DSSYNC_RESENSE=0: hvd_dssync.resense).
-DEFAULT_WITHOUT = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
-                   "dssync-default-once": {"HVD_DSSYNC_RESENSE": "0"}}
+# The plain swap with one switch of its environment turned, to measure what it buys side by side: "-loop":
+# Horovod performs every op in its background loop, as released (HOROVOD_PROCESS_SETS_ASYNC=0 on the project's
+# build: no concurrent process sets); "-resense": the racks are sensed again when the averages across the
+# network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense).
+DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
+                    "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
 # CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical
@@ -211,7 +211,7 @@ def _make_contender(name, model, config, rank, size):
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                            named_parameters=model.named_parameters())
             sync = None
-        elif name == DEFAULT or name in DEFAULT_WITHOUT:
+        elif name == DEFAULT or name in DEFAULT_VARIANTS:
             hvd.init()  # importing hvd_dssync.torch enabled dynamic process sets
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters())
@@ -328,7 +328,7 @@ def run(config):
     name = config["contender"]
     if name not in CONTENDERS:
         raise ValueError(f"unknown contender {name!r}; one of {', '.join(CONTENDERS)}")
-    os.environ.update(DEFAULT_WITHOUT.get(name, {}))  # read by Horovod's background thread and the optimizer
+    os.environ.update(DEFAULT_VARIANTS.get(name, {}))  # read by Horovod's background thread and the optimizer
     warn_if_hostname_is_loopback()
     x_train, y_train, x_test, y_test = load_data(config["seed"], config.get("task", "synthetic"))
     x_train, y_train = torch.from_numpy(x_train[rank::size]), torch.from_numpy(y_train[rank::size])

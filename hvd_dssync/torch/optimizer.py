@@ -427,8 +427,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             default) senses them when the optimizer is built where no other DS-Sync argument names the
             schedule (:mod:`hvd_dssync.sensing`): the hosts' layout, else timed host pairs; two racks or more
             make the default schedule "topology" on them, several hosts on one flat network one group of every
-            rank (``num_groups=1``, averaging every 8 steps). Racks found by timing are sensed again when the
-            averages across the network change cost (:mod:`hvd_dssync.resense`), and the schedule follows.
+            rank (``num_groups=1``, averaging every 8 steps). With ``HVD_DSSYNC_RESENSE=1``, racks found by
+            timing are sensed again when the averages across the network change cost, and the schedule
+            follows (:mod:`hvd_dssync.resense`).
             ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
@@ -484,7 +485,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = check_named_parameters(optimizer, named_parameters)
     # topology="auto": the racks sensed (hvd_dssync.sensing), or None where there is one rack; where they were
-    # measured, sensed again when the network changes (hvd_dssync.resense).
+    # measured, sensed again when the network changes if HVD_DSSYNC_RESENSE=1 (hvd_dssync.resense).
     requested = config
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.

@@ -28,6 +28,7 @@ import time
 
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): enables the dynamic process sets DS-Sync adds
+from hvd_dssync.bench.arguments import integers
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated, from: " + ", ".join(TASKS))
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated integers")
+    parser.add_argument("--seeds", type=integers("seed", 0), default=[0, 1, 2], help="comma-separated integers")
     parser.add_argument("--epochs", type=int, help="override every task's epoch budget")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--base-lr", type=float, default=0.02, help="per rank; scaled by the world size")
@@ -96,7 +97,6 @@ def parse_args():
     args = parser.parse_args()
     args.tasks = args.tasks.split(",")
     args.configs = args.configs.split(",")
-    args.seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [t for t in args.tasks if t not in TASKS] + [c for c in args.configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown task or configuration: {', '.join(unknown)}")

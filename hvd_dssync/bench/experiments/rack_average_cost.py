@@ -28,6 +28,8 @@ import time
 
 BESIDE_BYTES = 5_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, ROOT)
+from hvd_dssync.bench.arguments import integers, positive_float  # noqa: E402
 
 
 def _train_steps(model, optimizer, x, y, iteration, local, sleep):
@@ -178,9 +180,9 @@ def main(argv=None):
                         help="what a local step sleeps in the sleeping row (about a step's wall time here)")
     parser.add_argument("--iterations", type=int, default=40, help="timed iterations (after 5 untimed)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a job is killed")
-    parser.add_argument("--rows", default="1,2,3,4,5",
+    parser.add_argument("--rows", type=integers("row", 1, 5), default=[1, 2, 3, 4, 5],
                         help="which of the five rows to run, comma-separated (default: all)")
-    parser.add_argument("--cycle-time-ms", type=float, default=None,
+    parser.add_argument("--cycle-time-ms", type=positive_float, default=None,
                         help="HOROVOD_CYCLE_TIME for the Horovod jobs (default: Horovod's, 1 ms)")
     parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--racks-list", help=argparse.SUPPRESS)
@@ -194,7 +196,6 @@ def main(argv=None):
         return 0
     if args.racks < 1 or args.ranks < 2 * args.racks or args.ranks % args.racks:
         parser.error(f"--ranks {args.ranks} does not split into {args.racks} racks of at least 2 ranks each")
-    sys.path.insert(0, ROOT)
     from hvd_dssync.bench.testbed import Testbed
 
     racks = [args.ranks // args.racks] * args.racks
@@ -205,15 +206,7 @@ def main(argv=None):
             (f"{local}, sleeping {sleep * 1e3:g} ms each", local, sleep, True, False),
             ("none", 0, 0.0, True, False),
             (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
-    if args.cycle_time_ms is not None and args.cycle_time_ms <= 0:
-        parser.error(f"--cycle-time-ms must be positive, got {args.cycle_time_ms:g}")
-    try:
-        chosen = sorted({int(row) for row in args.rows.split(",")})
-    except ValueError:
-        chosen = []
-    if not chosen or chosen[0] < 1 or chosen[-1] > len(rows):
-        parser.error(f"--rows must name rows among 1-{len(rows)}, comma-separated, got {args.rows!r}")
-    rows = [rows[k - 1] for k in chosen]
+    rows = [rows[k - 1] for k in args.rows]
     cycle = "unset (1 ms)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g} ms"
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
