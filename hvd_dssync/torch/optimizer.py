@@ -8,9 +8,9 @@ model averaging follows.
 
 The optimizer is Horovod's interface over parts with one job each, which it holds and builds with what
 each needs: the averaging (:mod:`.averaging`), the sparse rows of embedding tables (:mod:`.sparse_rows`), the
-adaptive policy's figures (:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`). Each call hands them
-the world the step runs in (:class:`hvd_dssync.world.World`: plan, scope, process set, joined ranks) and the
-step; the averaging returns what it did (:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It
+adaptive policy's figures (:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`), sensing the racks
+again (:mod:`.resensing`). Each call hands them the world the step runs in (:class:`hvd_dssync.world.World`:
+plan, scope, process set, joined ranks) and the step; the averaging returns what it did (:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It
 uses mixed precision's helpers (:mod:`.amp`), Horovod's argument rules (:mod:`.arguments`) and writes its
 checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`)
 reach the live optimizers through :mod:`.live`.
@@ -89,7 +89,7 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         # The parts, each given what it needs; the world they run in comes with each call (self._world()).
         self._guard = StepGuard(self._name)
         self.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
-        # Where the racks were measured: sensing again when the averages across the network change cost.
+        # With HVD_DSSYNC_RESENSE=1 where the racks were measured: sensing again when the network changes.
         self._resensing = None if resensing is None else Resensing(self._name, *resensing)
         self._adaptive = AdaptiveStep(self._name, self._guard)
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
@@ -227,7 +227,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("dssync", None)
         if saved is not None:
-            check_dssync_state(saved, self._plan, self._config, self.sensed)  # before the collective below: a clear error
+            # Before the collective below: a clear error.
+            check_dssync_state(saved, self._plan, self._config, self.sensed)
             self.finish_pending()
             self.sync_step = load_dssync_state(saved, self._plan, self._config, self._averaging, self._sparse,
                                                  self.sensed)
