@@ -347,58 +347,40 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
     on them (without the variable the racks stay None: checked by hand). The way back, racks to a flat network,
     is left to the unit tests: on 2 shared cores a bridge's average on the restored link did not always cost
     4x less (docs/benchmarks.md)."""
-    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
+    def slow_down_when_asked(bed):  # rank 0 asks through a file and waits for the answer
+        if (tmp_path / "slow").exists() and not (tmp_path / "slow.done").exists():
+            bed.set_inter_rate(20)
+            (tmp_path / "slow.done").touch()
 
-    path = os.path.join(ROOT, "tests", "workers", "torch_resense.py")
-    timeout = 180
-    deadline = time.monotonic() + timeout
     # The link between the racks unshaped at first: two shapers in a row (a host's, the link's) at the same
     # rate timed 2x slower than one, which the probe read as racks now and then.
-    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=0) as bed:
-        rendezvous, port = _start_rendezvous(bed, deadline)
-        env = [dict(rank_env(bed, rank, "dssync-default", port), RESENSE_DIR=str(tmp_path), HVD_DSSYNC_RESENSE="1")
-               for rank in range(bed.size)]
-        logs = [open(tmp_path / f"rank{rank}.log", "w+") for rank in range(bed.size)]
-        procs = [bed.popen(rank, [sys.executable, path], env=env[rank], stdout=logs[rank], stderr=subprocess.STDOUT)
-                 for rank in range(bed.size)]
-        try:
-            pending = [("slow", 20)]
-            while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
-                if pending and (tmp_path / pending[0][0]).exists():
-                    rate, mbit = pending.pop(0)
-                    bed.set_inter_rate(mbit)
-                    (tmp_path / f"{rate}.done").touch()
-                time.sleep(0.05)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-            rendezvous.stdin.close()
-            rendezvous.wait(timeout=10)
-    outputs = []
-    for log in logs:
-        log.seek(0)
-        outputs.append(log.read())
-        log.close()
-    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+    outputs = _on_four_hosts_in_two_racks("torch_resense.py", "dssync-default", timeout=180, inter_mbit=0,
+                                          env={"RESENSE_DIR": str(tmp_path), "HVD_DSSYNC_RESENSE": "1"},
+                                          meanwhile=slow_down_when_asked)
     (seen,) = [json.loads(line[5:]) for line in outputs[0].splitlines() if line.startswith("SEEN ")]
     assert seen["racks"]["racks"] == [[0, 1], [2, 3]] and seen["racks"]["schedule"] == "TopologyAware", seen
     assert seen["racks"]["average_every"] == RACK_AVERAGE_EVERY, seen
 
 
-def _on_four_hosts_in_two_racks(worker, contender, timeout):
-    """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks behind a 10x slower link, with
-    the bench's rendezvous and ``contender``'s environment; every rank's output, after all exited 0."""
+def _on_four_hosts_in_two_racks(worker, contender, timeout, inter_mbit=20, env=None, meanwhile=None):
+    """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks (hosts 200 Mbit/s, ``inter_mbit``
+    between the racks: 10x slower by default, 0 unshaped), with the bench's rendezvous, ``contender``'s
+    environment and ``env``; ``meanwhile(bed)`` is called every 50 ms while the ranks run. Every rank's output,
+    after all exited 0 within ``timeout`` seconds."""
     from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
 
     path = os.path.join(ROOT, "tests", "workers", worker)
-    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
-        rendezvous, port = _start_rendezvous(bed, time.monotonic() + timeout)
-        procs = [bed.popen(rank, [sys.executable, path], env=rank_env(bed, rank, contender, port),
+    deadline = time.monotonic() + timeout
+    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=inter_mbit) as bed:
+        rendezvous, port = _start_rendezvous(bed, deadline)
+        procs = [bed.popen(rank, [sys.executable, path], env=dict(rank_env(bed, rank, contender, port), **(env or {})),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for rank in range(bed.size)]
         try:
-            outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+            while meanwhile is not None and any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                meanwhile(bed)
+                time.sleep(0.05)
+            outputs = [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for proc in procs]
         finally:
             for proc in procs:
                 if proc.poll() is None:

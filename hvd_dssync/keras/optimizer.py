@@ -416,9 +416,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         schedule: "shuffle", "butterfly", "topology", a schedule object with ``groups(step)``, or None (the
             default: "topology" where the racks are known, else "shuffle").
         topology: racks for schedule "topology" (as in the PyTorch adapter); "auto" (the default) senses
-            them once per job where no other DS-Sync argument names the schedule (:mod:`hvd_dssync.sensing`);
-            unlike the PyTorch adapter's with ``HVD_DSSYNC_RESENSE=1``, the traced step keeps them when the
-            network changes later (:mod:`hvd_dssync.resense`).
+            them once per job where no other DS-Sync argument names the schedule (:mod:`hvd_dssync.sensing`),
+            and keeps them (PyTorch's may sense again: :mod:`hvd_dssync.resense`).
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
         global_every: average over all ranks every this many steps (0: never).
         average_every: average every this many steps; the steps between are local (local SGD). Default
