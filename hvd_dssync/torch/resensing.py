@@ -43,7 +43,6 @@ class Resensing:
         self.requested = requested
         self.sensed = sensed
         self.watch = NetworkWatch(requested.warmup_steps)
-        self.changes = 0  # times the ranks sensed again
         self._gathering = None  # the last check's figures, on their way to every rank
         self.step = None  # the step of the last sensing again
 
@@ -68,7 +67,6 @@ class Resensing:
                      "sensing the racks again")
         before, self.sensed = self.sensed, _sense_again()
         self.watch.restart()  # the window in progress ran on the old network: it is no reference
-        self.changes += 1
         self.step = step
         if self.sensed.racks == before.racks:
             return None
