@@ -17,7 +17,7 @@ import os
 import socket
 
 __all__ = ["Topology", "ENV_VAR", "loopback_hostname_warning", "job_topology", "round_robin_pairings",
-           "racks_from_rates", "host_name"]
+           "host_name"]
 
 ENV_VAR = "HVD_DSSYNC_TOPOLOGY"
 
@@ -230,33 +230,3 @@ def round_robin_pairings(n):
         rounds.append(sorted(tuple(sorted(p)) for p in pairs if None not in p))
         players = [players[0], players[-1]] + players[1:-1]
     return rounds
-
-
-def racks_from_rates(rates, slow_fraction=0.5):
-    """Group hosts into racks from measured pairwise rates: links below ``slow_fraction`` of the fastest
-    are slow, and a rack is a set of hosts joined by fast links.
-
-    ``rates[i][j]`` is the rate measured between hosts ``i`` and ``j`` (any unit; the diagonal is ignored).
-
-    Example::
-
-        >>> racks_from_rates([[0, 9, 1, 1], [9, 0, 1, 1], [1, 1, 0, 8], [1, 1, 8, 0]])
-        [[0, 1], [2, 3]]
-    """
-    n = len(rates)
-    fastest = max((rates[i][j] for i in range(n) for j in range(n) if i != j), default=0)
-    rack = list(range(n))
-
-    def root(i):
-        while rack[i] != i:
-            i = rack[i]
-        return i
-
-    for i in range(n):
-        for j in range(i + 1, n):
-            if rates[i][j] >= slow_fraction * fastest:
-                rack[root(j)] = root(i)
-    groups = {}
-    for i in range(n):
-        groups.setdefault(root(i), []).append(i)
-    return sorted(groups.values())

@@ -460,5 +460,6 @@ def render_markdown(payload):
         if r.get("sensed"):
             s = r["sensed"]
             lines.append(f"- sensed ({r['scenario']}, {r['contender']}): {s['found']} {s['racks'] or ''} by "
-                         f"{s['how']} ({s['hosts']} hosts, {s['pairs']} pairs timed) in {s['seconds']:.2f} s")
+                         f"{s['how']} ({s['hosts']} hosts, {s['pairs']} pairs timed"
+                         + (f", {s['reading']}" if s.get("reading") else "") + f") in {s['seconds']:.2f} s")
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ from .. import sensing
 from ..config import SyncConfig
 from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
-from ..topology import Topology, host_name, job_topology as resolve_topology, racks_from_rates, round_robin_pairings
+from ..topology import Topology, host_name, job_topology as resolve_topology, round_robin_pairings
 from . import collectives
 from .live import finish_pending_averages
 
@@ -93,15 +93,16 @@ def job_topology(spec=None):
                             lambda: hvd.allgather_object(host_name(), name="dssync.hostnames"))
 
 
-def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
+def probe_topology(nbytes=1048576, repeats=2, min_margin=sensing.MIN_MARGIN):
     """Find the racks by timing an allreduce between every pair of hosts; a :class:`Topology`.
 
     The lowest rank of each host represents it. In rounds of disjoint host pairs (every pair meets once),
     each pair's representatives time ``repeats`` allreduces of ``nbytes`` on a two-rank process set
     after one unmeasured warm-up, and the fastest counts (a one-off stall of a shared core is no slow
     link); every other rank issues as many one-element ops on its own one-rank set, so all ranks keep the
-    same op sequence. Links slower than ``slow_fraction`` of the fastest pair are
-    slow; hosts joined by fast links form a rack. A collective; with one host there is nothing to time.
+    same op sequence. The racks are those of the rack rule (:func:`hvd_dssync.sensing.decide_racks`): the
+    partition whose links inside are all faster than its links across by ``min_margin`` or more, else one
+    rack. A collective; with one host there is nothing to time.
 
     Example::
 
@@ -137,8 +138,7 @@ def probe_topology(nbytes=1048576, repeats=2, slow_fraction=0.5):
             seconds[a, b] = seconds[b, a] = fastest
         registry.release(partition)
     seconds = hvd.allreduce(seconds, op=hvd.Max, name="dssync.probe.seconds")
-    rates = (payload.numel() * 4 / seconds.clamp(min=1e-9)).tolist()
-    racks = racks_from_rates(rates, slow_fraction)
+    racks = sensing.decide_racks(seconds.numpy(), min_margin).racks
     host_racks = {hosts[h]: index for index, rack in enumerate(racks) for h in rack}
     return Topology(rank_hosts, host_racks)
 
