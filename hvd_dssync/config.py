@@ -291,7 +291,7 @@ class SyncConfig:
     schedule_options: object = None
     policy: object = None
     outer_momentum: float = 0.0
-    overlap: bool = False
+    overlap: object = False  # True, False, or None: decided by a trial (hvd_dssync.overlap; PyTorch)
     average_buffers: bool = True
     sparse_average: bool = True
 
@@ -309,7 +309,9 @@ class SyncConfig:
         momentum = self.outer_momentum
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {momentum!r}.")
-        for name in ("overlap", "average_buffers", "sparse_average"):
+        if self.overlap is not None:
+            _flag("overlap", self.overlap)
+        for name in ("average_buffers", "sparse_average"):
             _flag(name, getattr(self, name))
 
     def resolve(self, sense, job_topology, in_process_set=False):

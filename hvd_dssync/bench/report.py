@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from .worker import POSTLOCAL, period_of
+from .worker import ALONE, POSTLOCAL, period_of
 
 __all__ = ["summarize", "higher_target", "combine", "bootstrap_interval", "call", "estimate_bottleneck_bytes", "markdown_table", "write_json",
            "targets", "render_markdown", "PYTORCH_AVERAGERS"]
@@ -33,6 +33,8 @@ def _groups_per_step(contender, steps, racks, config, sensed=None):
     world = tuple(range(size))
     if contender in ("horovod-bsp", "ddp"):
         return [[world]] * steps
+    if contender == ALONE:
+        return [None] * steps
     if contender == "horovod-hierarchical":
         # Open MPI's coll/han: inside each host (no rack link crossed), then between one rank per host.
         return [[tuple(range(0, size, config.get("slots_per_host", 1)))]] * steps

@@ -102,7 +102,10 @@ HOROVOD_BSP = ("horovod-bsp", "horovod-hierarchical")
 AVERAGER_PERIODS = (4, 8, 16)
 POSTLOCAL = tuple(f"postlocal-{kind}{suffix}" for kind in ("periodic", "hierarchical")
                   for suffix in ("", *(f"-p{p}" for p in AVERAGER_PERIODS)))
-CONTENDERS = (*HOROVOD_BSP, "ddp", *POSTLOCAL, *DSSYNC_CONTENDERS)
+# Every rank trains alone and never communicates (but to start, stop and average once at the end, off the
+# clock): the compute floor of a step, which an average hidden behind compute approaches.
+ALONE = "alone"
+CONTENDERS = (*HOROVOD_BSP, "ddp", *POSTLOCAL, *DSSYNC_CONTENDERS, ALONE)
 # Steps that every rank trains on after rank 0's budget ran out (see StopSignal); one for the contenders
 # that allreduce every step.
 STOP_MARGIN = 24
@@ -239,6 +242,8 @@ def _make_contender(name, model, config, rank, size):
     from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("gloo", rank=rank, world_size=size)
+    if name == ALONE:
+        return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum), Comm("torch"), None
     ddp = DistributedDataParallel(model)
     base = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum)
     if name == "ddp":
@@ -435,7 +440,7 @@ def run(config):
     if rank == 0:
         with open(config["out"], "w") as f:
             json.dump(record, f)
-    if name == "ddp" or name in POSTLOCAL:
+    if name in ("ddp", ALONE) or name in POSTLOCAL:
         import torch.distributed as dist
         dist.barrier()
         dist.destroy_process_group()

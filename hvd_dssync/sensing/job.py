@@ -20,7 +20,8 @@ __all__ = ["AUTO", "Sensed", "layout", "host_racks", "sense", "sense_once", "las
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
 # Where the figures leave the rack rule unsure, the ambiguous pairs are timed again (the fastest figure of
-# a pair counts), at most this many more times; still unsure, the network is one flat network.
+# a pair counts; pass k times each pair k + 1 times as often), at most this many more times; still unsure,
+# the network is one flat network.
 RETIME_PASSES = 2
 
 log = logging.getLogger("hvd_dssync")
@@ -188,7 +189,8 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
             return Sensed(fallback, by_host, clock() - started, hosts)
         seconds, pairs, retimed = None, None, 0
         for attempt in range(1 + RETIME_PASSES):
-            row = measure(rank, leaders, endpoints, probe, nbytes, repeats, pairs)
+            # A pass again times fewer pairs, each with more transfers: its fastest is likelier the link's.
+            row = measure(rank, leaders, endpoints, probe, nbytes, repeats * (1 + attempt), pairs)
             timed = pair_seconds(allgather(row), leaders)
             seconds = timed if seconds is None else np.fmin(seconds, timed)  # a pair not timed again: inf
             if np.isinf(seconds).any():

@@ -36,7 +36,8 @@ class Averaging:
         adaptive: the adaptive policy's figures (:class:`.adaptive_step.AdaptiveStep`).
         model: the module whose floating-point buffers are averaged too, or None.
         average_buffers: False keeps the buffers local.
-        overlap: start the average asynchronously and fold it in at the next step.
+        overlap: start the average asynchronously; it runs through the local steps that follow and is folded
+            in once done, at the latest where the next average starts.
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
 
@@ -136,12 +137,15 @@ class Averaging:
         """The step's average of the model inside ``action``'s group (every rank of the scope at the same step).
 
         Returns what this step's synchronization did (:class:`hvd_dssync.world.Done`): with ``overlap``, the
-        average that finished at this step (None before the first), since this step's is in flight.
+        average folded in at this step (None at the first average), since this step's is in flight.
         """
         guard, sparse = self.guard, self.sparse
-        finished = self.finish_pending(world)
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
-            return Done(action)
+            # An average in flight runs on through the local steps and is folded in once done (a poll, never
+            # a wait), at the latest where the next average starts.
+            landed = self.finish_pending(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
+            return Done(action) if landed is None else landed
+        finished = self.finish_pending(world)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
         self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
@@ -177,7 +181,7 @@ class Averaging:
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
             self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
-                             started, sent_bytes, bridge)
+                             time.perf_counter() - started, sent_bytes, bridge)
             return finished
         # A bridge averages copies of the model this rank agreed on with its rack; anything else, the model.
         sent = self._agreed_models(tensors) if bridge is not None else None
@@ -204,12 +208,16 @@ class Averaging:
                     sparse_rows=sum(len(index) for _, index, _ in writes))
 
     def finish_pending(self, world):
-        """Fold in an averaging still in flight (``overlap=True``); a collective on every rank. Returns what it
-        did (:class:`hvd_dssync.world.Done`), or None if nothing was in flight."""
+        """Fold in an averaging still in flight (``overlap=True``) as a correction that keeps the local progress
+        made since it started (``model += average - sent``; an exact bridge's move and carry alike); waits for
+        it where it is not done. Returns what it did (:class:`hvd_dssync.world.Done`: its seconds are what it
+        delayed training, issuing it and waiting for it here, not its time in flight), or None if nothing was
+        in flight."""
         if self._pending is None:
             return None
-        handle, tensors, sent, received, signature, action, step, process_set, started, nbytes, bridge = self._pending
+        handle, tensors, sent, received, signature, action, step, process_set, issued, nbytes, bridge = self._pending
         self._pending = None
+        started = time.perf_counter()
         with self.guard.bounded(world, action, step):
             collectives.wait(handle)
         self.guard.check(world, signature * len(action.group), action, process_set, step)
@@ -221,7 +229,7 @@ class Averaging:
                     tensor.add_(averaged - before)
         self._outer_step()
         self._remember(world, tensors)
-        return Done(action, time.perf_counter() - started, nbytes)
+        return Done(action, issued + time.perf_counter() - started, nbytes)
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be

@@ -45,6 +45,7 @@ from .exit import watch_until_exit
 from .functions import _default_topology, allgather_job_rows, job_topology
 from .live import note_construction, note_step, op_prefix
 from .outside import OutsideProcessSet
+from .overlap_choice import OverlapChoice
 from .resensing import Resensing
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
@@ -96,8 +97,12 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         self._sparse = SparseRows(self, named_parameters, self._name, config.sparse_average and not config.overlap
                                   and compression is hvd.Compression.none)
         self._averaging = Averaging(self, named_parameters, self._name, self._registry, self._guard, self._sparse,
-                                    self._adaptive, model, config.average_buffers, config.overlap, compression,
+                                    self._adaptive, model, config.average_buffers, bool(config.overlap), compression,
                                     float(config.outer_momentum))
+        # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
+        trial = config.overlap is None and compression is hvd.Compression.none and plan.adaptive is None \
+            and scope.world_size > 1
+        self._overlap_choice = OverlapChoice(self._name, plan.policy) if trial else None
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -112,6 +117,14 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         watch_until_exit(self)
 
     # --- what users see ---------------------------------------------------------------------
+
+    @property
+    def overlap(self):
+        """Whether the averages run behind compute: True, False, or None while the default's trial runs
+        (``overlap=None``: :mod:`hvd_dssync.overlap`)."""
+        if self._overlap_choice is None:
+            return self._averaging.overlap
+        return self._overlap_choice.trial.decided
 
     @property
     def schedule(self):
@@ -139,6 +152,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
         world, step = self._world(), self.sync_step
         early = None if self._plan.adaptive is None else self._adaptive.check_early(world, step)
         action = self._plan.action(step)
+        if self._overlap_choice is not None:
+            self._averaging.overlap = self._overlap_choice.overlap_at(step, self._sparse.row_sets is not None)
         self._adaptive.drift = float("nan")
         if self._sparse.tables is None and self._sparse.enabled and action.kind != BSP:
             self._sparse.agree(self.process_set)
@@ -174,6 +189,8 @@ class _DSSyncOptimizer(torch.optim.Optimizer):
             if decision is not None:
                 self.last_sync = dict(self.last_sync or {"step": step, "kind": action.kind},
                                       decision=decision.as_dict())
+        if self._overlap_choice is not None:
+            self._overlap_choice.end_step(world, step)
         self._synchronized = False
         self.sync_step += 1
         return loss
@@ -389,7 +406,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_buffers=True,
-                         overlap=False, schedule_options=None, outer_momentum=0.0, policy=None,
+                         overlap=None, schedule_options=None, outer_momentum=0.0, policy=None,
                          sparse_average=True):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
@@ -442,7 +459,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             of every rank), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
         average_buffers: set False to keep buffers local.
-        overlap: start the averaging asynchronously and fold it in at the next step (one step stale).
+        overlap: True starts each average asynchronously: it runs behind the local steps that follow and is
+            folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
+            latest where the next average starts; ``synchronize_models``, ``state_dict`` and the exit drain
+            it first. None (the default): decided by a trial after the warm-up, on where it makes the steps
+            shorter (``hvd_dssync.overlap``; off with a lossy compression, sparse averaging or the adaptive
+            policy). False: every average is waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning
             rate 1): the parameters move by ``m <- outer_momentum * m + change of the averaged model since
@@ -480,7 +502,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     config = SyncConfig(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
                         topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                         average_every=average_every, schedule_options=schedule_options, policy=policy,
-                        outer_momentum=outer_momentum, overlap=bool(overlap), average_buffers=bool(average_buffers),
+                        outer_momentum=outer_momentum, overlap=overlap, average_buffers=bool(average_buffers),
                         sparse_average=bool(sparse_average))
     if overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")

@@ -1,0 +1,92 @@
+"""Whether the default hides its averages behind compute (``overlap=None``): decided by measurement.
+
+An overlapped average runs behind the local steps that follow it and is folded in once done (the PyTorch
+adapter's ``overlap``). It wins where a step's compute leaves the host's cores and NIC idle (a GPU's forward
+and backward pass), and loses where the ranks' compute already fills the cores (the averaging then competes
+with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
+it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods with the
+averages waited for, as many overlapped, each rank's mean seconds per step of each, averaged over the ranks
+(one allreduce at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
+at least :data:`MIN_GAIN` shorter; else off, the safe choice (exact averages, no staleness). ``overlap=True``
+or ``False`` decides without a trial.
+
+Numpy only; the adapter times its steps and supplies the allreduce.
+"""
+import math
+
+import numpy as np
+
+__all__ = ["OverlapTrial", "TRIAL_PERIODS", "MIN_GAIN"]
+
+TRIAL_PERIODS = 4  # averaging periods timed each way
+MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept
+
+
+class OverlapTrial:
+    """The trial of one optimizer. ``start``: the first step after the warm-up; ``period``: steps between two
+    averages.
+
+    Example::
+
+        >>> trial = OverlapTrial(start=0, period=2, periods=2)
+        >>> [trial.overlap_at(s) for s in range(10)]
+        [False, False, False, False, False, False, True, True, True, True]
+        >>> for s in range(10):
+        ...     trial.note(s, 0.3 if s < 6 else 0.2)
+        >>> trial.due(9), trial.figures().tolist()
+        (True, [[0.3, 0.2]])
+        >>> trial.decide(np.array([[0.3, 0.2], [0.32, 0.21]])), trial.overlap_at(10)
+        (True, True)
+    """
+
+    def __init__(self, start, period, periods=TRIAL_PERIODS, min_gain=MIN_GAIN):
+        self.period = max(1, int(period))
+        self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
+        self.length = self.period * int(periods)
+        self.min_gain = float(min_gain)
+        self.decided = None  # True / False once decided
+        self.gain = math.nan
+        self._seconds = {False: [], True: []}
+
+    @property
+    def last(self):
+        """The trial's last step, where it decides."""
+        return self.first + 2 * self.length - 1
+
+    def overlap_at(self, step):
+        """Whether ``step``'s average is overlapped."""
+        if self.decided is not None:
+            return self.decided
+        return step >= self.first + self.length
+
+    def note(self, step, seconds):
+        """A step's seconds, from the end of the step before to the end of this one."""
+        if self.decided is None and self.first <= step <= self.last and math.isfinite(seconds):
+            self._seconds[self.overlap_at(step)].append(float(seconds))
+
+    def due(self, step):
+        """Whether the ranks decide after ``step`` (:meth:`figures`, then :meth:`decide`)."""
+        return self.decided is None and step == self.last
+
+    def figures(self):
+        """This rank's ``[[mean seconds waited, mean seconds overlapped]]`` (NaN where none was timed)."""
+        return np.array([[np.mean(self._seconds[k]) if self._seconds[k] else math.nan for k in (False, True)]])
+
+    def decide(self, gathered):
+        """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
+        ``min_gain`` or more. Returns the decision."""
+        waited, overlapped = np.mean(np.asarray(gathered, dtype=float).reshape(-1, 2), axis=0)
+        self.gain = 1.0 - overlapped / waited if waited > 0 else math.nan
+        self.decided = bool(math.isfinite(self.gain) and self.gain >= self.min_gain)
+        return self.decided
+
+    def rule_out(self):
+        """Overlap cannot run here (sparse averaging in use, which every rank agreed on): off, no trial."""
+        self.decided = False
+
+    def describe(self):
+        if self.decided is None:
+            return "overlap: on trial"
+        if math.isnan(self.gain):
+            return f"overlap {'on' if self.decided else 'off'} (no trial)"
+        return f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter)"

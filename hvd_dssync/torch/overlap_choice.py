@@ -1,0 +1,57 @@
+"""The default's choice of overlap in the PyTorch adapter (``overlap=None``): the trial of :mod:`hvd_dssync.overlap`
+timed on this rank's steps, its figures gathered once over the optimizer's ranks."""
+import logging
+import time
+
+import horovod.torch as hvd
+import torch
+
+from ..overlap import OverlapTrial
+
+__all__ = ["OverlapChoice"]
+
+log = logging.getLogger("hvd_dssync")
+
+
+class OverlapChoice:
+    """Which way each step averages while the trial runs, and the decision at its end.
+
+    Args:
+        name: the optimizer's op names.
+        policy: the plan's :class:`hvd_dssync.policy.Policy` (the warm-up and the averaging period).
+
+    Example::
+
+        choice = OverlapChoice("dssync.0", plan.policy)
+        averaging.overlap = choice.overlap_at(step, sparse_in_use)
+        ...                                  # the step
+        choice.end_step(world, step)         # an allgather at the trial's last step
+    """
+
+    def __init__(self, name, policy):
+        self.name = name
+        self.trial = OverlapTrial(policy.warmup_steps, policy.average_every)
+        self._last_end = None
+
+    def overlap_at(self, step, sparse_in_use):
+        """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
+        if sparse_in_use and self.trial.decided is None:
+            self.trial.rule_out()
+        return self.trial.overlap_at(step)
+
+    def end_step(self, world, step):
+        """Time the step (from the end of the one before); at the trial's last step, gather every rank's
+        figures over the optimizer's process set and decide (a collective, at the same step everywhere).
+        Returns the decision taken at this step, or None."""
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.trial.note(step, now - self._last_end)
+        decided = None
+        if self.trial.due(step):
+            figures = torch.from_numpy(self.trial.figures())
+            gathered = hvd.allgather(figures, name=f"{self.name}.overlap", process_set=world.process_set)
+            decided = self.trial.decide(gathered.numpy())
+            if world.scope.rank == 0:
+                log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
+        self._last_end = time.perf_counter()
+        return decided

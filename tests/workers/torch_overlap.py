@@ -1,0 +1,66 @@
+"""One rank of the overlap job (4 ranks): a stale average is folded in exactly, and the default's trial of
+overlap decides alike on every rank.
+
+Each rank's gradient is a constant of its own (the loss ``(w * c).sum()`` with ``c = rank + 1``), so that a
+local step moves ``w`` by ``-lr * c`` whatever ``w`` is. Every average, waited for or folded in late as
+``model += average - sent``, keeps the mean of the ranks' models; after ``synchronize_models`` every rank
+must hold the mean of what each rank computed, ``-lr * steps * mean(c)``, whichever average was still in
+flight. Usage: torch_overlap.py
+"""
+import common
+import horovod.torch as hvd
+import hvd_dssync.torch as dss
+import torch
+from common import behaviour, check
+from hvd_dssync.overlap import OverlapTrial
+
+hvd.init()
+RANK, SIZE = common.identify(hvd)
+LR = 0.125  # a power of two: float32 sums stay exact
+
+
+def train(steps, **kwargs):
+    model = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   named_parameters=model.named_parameters(), model=model, **kwargs)
+    c = torch.full((1, 3), float(RANK + 1))
+    kinds = []
+    for _ in range(steps):
+        opt.zero_grad()
+        (model.weight * c).sum().backward()
+        opt.step()
+        kinds.append(opt.last_sync["kind"])
+    return model, opt, kinds
+
+
+def check_stale_fold_is_exact(steps, **kwargs):
+    model, opt, kinds = train(steps, overlap=True, **kwargs)
+    check("group" in kinds and "local" in kinds, f"kinds {kinds}")
+    dss.synchronize_models(model)
+    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    got = model.weight.detach().reshape(-1)
+    check(torch.allclose(got, torch.full_like(got, want), atol=1e-5),
+          f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
+
+
+def check_trial_decides_alike():
+    model, opt, _ = train(2, average_every=2, schedule="shuffle", num_groups=1)
+    check(opt.overlap is None, f"overlap {opt.overlap} before the trial ended")
+    last = OverlapTrial(0, 2).last  # the trial's last step: warm-up 0, every 2 steps
+    model, opt, _ = train(last + 1 + 3, average_every=2, schedule="shuffle", num_groups=1)
+    decided = opt.overlap
+    check(decided in (True, False), f"overlap {decided} after the trial")
+    everyone = hvd.allgather_object(decided, name="test.overlap.decided")
+    check(len(set(everyone)) == 1, f"ranks decided differently: {everyone}")
+    _, forced, _ = train(last + 1, average_every=2, schedule="shuffle", num_groups=1, overlap=False)
+    check(forced.overlap is False, "overlap=False ran a trial")
+
+
+with behaviour("a stale average is folded in exactly (shuffle, every 3 steps)"):
+    check_stale_fold_is_exact(23, schedule="shuffle", num_groups=2, average_every=3)
+with behaviour("a stale average is folded in exactly (racks, exact bridges, every 4 steps)"):
+    check_stale_fold_is_exact(29, schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)
+with behaviour("the default's trial of overlap decides alike on every rank"):
+    check_trial_decides_alike()
+print(f"rank {RANK}: all checks passed", flush=True)
