@@ -309,8 +309,8 @@ class SyncConfig:
         momentum = self.outer_momentum
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"Arg ``outer_momentum`` must be a number in [0, 1), got {momentum!r}.")
-        if self.overlap is not None:
-            _flag("overlap", self.overlap)
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise ValueError(f"Arg ``overlap`` must be True, False or None (decided by a trial), got {self.overlap!r}.")
         for name in ("average_buffers", "sparse_average"):
             _flag(name, getattr(self, name))
 

@@ -6,9 +6,9 @@ and backward pass), and loses where the ranks' compute already fills the cores (
 with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
 it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods with the
 averages waited for, as many overlapped, each rank's mean seconds per step of each, averaged over the ranks
-(one allreduce at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
+(one allgather at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
 at least :data:`MIN_GAIN` shorter; else off, the safe choice (exact averages, no staleness). ``overlap=True``
-or ``False`` decides without a trial.
+or ``False`` decides without a trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -16,19 +16,39 @@ import math
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "TRIAL_PERIODS", "MIN_GAIN"]
+__all__ = ["OverlapTrial", "runs_trial", "TRIAL_PERIODS", "MIN_GAIN"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept
 
 
+def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
+    """Whether an optimizer decides by a trial: ``overlap`` is None (the default), its averages cross hosts
+    (``several_hosts``: on one host an average is a copy between processes, with little to hide and the
+    host's cores to share), it runs among several ranks, and nothing rules overlap out (a lossy compression,
+    the adaptive policy, which times the averages itself). Where it is False, overlap is off.
+
+    Example::
+
+        >>> runs_trial(None, False, False, 8, True), runs_trial(None, False, False, 8, False)
+        (True, False)
+        >>> runs_trial(True, False, False, 8, True)   # forced on: no trial
+        False
+    """
+    return overlap is None and not lossy_compression and not adaptive and world_size > 1 and several_hosts
+
+
 class OverlapTrial:
     """The trial of one optimizer. ``start``: the first step after the warm-up; ``period``: steps between two
-    averages.
+    averages; ``cycle``: the averages after which the schedule's kinds of average repeat (the topology-aware
+    schedule's rack averages and its bridge: ``intra_steps + 1``), so that each way is timed over as many
+    averages of each kind (whole cycles, at least ``periods`` averages).
 
     Example::
 
         >>> trial = OverlapTrial(start=0, period=2, periods=2)
+        >>> OverlapTrial(start=0, period=4, cycle=4).length   # the racks' three averages and the bridge
+        16
         >>> [trial.overlap_at(s) for s in range(10)]
         [False, False, False, False, False, False, True, True, True, True]
         >>> for s in range(10):
@@ -39,10 +59,11 @@ class OverlapTrial:
         (True, True)
     """
 
-    def __init__(self, start, period, periods=TRIAL_PERIODS, min_gain=MIN_GAIN):
+    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN):
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
-        self.length = self.period * int(periods)
+        cycle = max(1, int(cycle))
+        self.length = self.period * cycle * -(-int(periods) // cycle)
         self.min_gain = float(min_gain)
         self.decided = None  # True / False once decided
         self.gain = math.nan

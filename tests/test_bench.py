@@ -362,6 +362,16 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
     assert seen["racks"]["average_every"] == RACK_AVERAGE_EVERY, seen
 
 
+@needs_namespaces
+@pytest.mark.multirank
+def test_the_default_decides_overlap_by_a_trial_alike_on_every_rank():
+    """4 emulated hosts of one rank: the swap's overlap=None runs the trial of both ways after its first
+    averaging period and every rank takes the same decision at the trial's last step."""
+    outputs = _on_four_hosts_in_two_racks("torch_overlap_hosts.py", "dssync-default", timeout=120)
+    decided = [[line for line in out.splitlines() if line.startswith("OVERLAP ")] for out in outputs]
+    assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
+
+
 def _on_four_hosts_in_two_racks(worker, contender, timeout, inter_mbit=20, env=None, meanwhile=None):
     """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks (hosts 200 Mbit/s, ``inter_mbit``
     between the racks: 10x slower by default, 0 unshaped), with the bench's rendezvous, ``contender``'s

@@ -146,6 +146,11 @@ def test_every_rank_builds_the_same_racks_from_one_allgather():
     racks, decision = racks_from_figures(rows, leaders, hosts)
     assert racks == [list(range(8))] and not decision.sure and decision.margin == pytest.approx(0.5)
     assert (0, 1) in decision.ambiguous and (0, 4) in decision.ambiguous and (0, 2) not in decision.ambiguous
+    # A link inside more than 2x slower than the fastest across is no stall between these and racks: one flat
+    # network, sure, nothing to time again.
+    rows[0][1], rows[1][0] = 0.3, 0.3
+    racks, decision = racks_from_figures(rows, leaders, hosts)
+    assert racks == [list(range(8))] and decision.sure and decision.ambiguous == []
 
 
 def test_racks_of_hosts_carry_every_rank_of_the_host():

@@ -60,6 +60,14 @@ def test_script_may_end_without_a_global_collective(launcher):
     assert output.count("done") == 4, output
 
 
+def test_a_stale_average_is_folded_in_exactly():
+    """overlap=True with local steps (shuffle; racks with exact bridges): averages run behind the local steps and
+    are folded in late, and after synchronize_models every rank holds the mean of what the ranks computed;
+    one host runs no trial of overlap."""
+    output = run("gloo", 4, "torch_overlap.py", timeout=120)
+    assert output.count("all checks passed") == 4, output
+
+
 def test_without_the_drain_the_slower_group_fails_clearly():
     output = run("mpi", 4, "torch_exit.py", timeout=120, env={"HVD_DSSYNC_EXIT_TIMEOUT": "0"},
                  expect_failure=True)

@@ -238,17 +238,19 @@ def bootstrap_interval(values, rounds=4000, seed=0):
 
 def call(row, other, key="time_to_target_s"):
     """"sooner", "later" or "even": ``row``'s median time against ``other``'s, even where their bootstrap
-    intervals overlap (or either has none, a single run).
+    intervals overlap; ``None`` where either has no interval (a single run: no call can be made).
 
     Example::
 
         >>> call({"time_to_target_s": 2.0, "time_to_target_interval": [1.8, 2.3]},
         ...      {"time_to_target_s": 2.6, "time_to_target_interval": [2.2, 3.0]})
         'even'
+        >>> call({"time_to_target_s": 2.0}, {"time_to_target_s": None}) is None
+        True
     """
     mine, theirs = row.get(key[:-2] + "_interval"), other.get(key[:-2] + "_interval")
     if not mine or not theirs:
-        return "even"
+        return None
     inf = float("inf")
     low, high = (inf if v is None else v for v in mine)
     other_low, other_high = (inf if v is None else v for v in theirs)
@@ -427,7 +429,8 @@ def targets(rows):
 
 def calls(rows):
     """Every DS-Sync contender against the best PyTorch averager and Horovod BSP of its scenario, to the target
-    (rank 0's model): sooner, later, or even where the bootstrap intervals overlap."""
+    (rank 0's model): sooner, later, or even where the bootstrap intervals overlap; the figures alone after a
+    single run."""
     out = []
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         here = [r for r in rows if r["scenario"] == scenario]
@@ -435,11 +438,16 @@ def calls(rows):
                   next((r for r in here if r["contender"] == "horovod-bsp"), None)]
         for row in (r for r in here if _is_dssync(r["contender"])):
             for other in (o for o in others if o is not None):
-                out.append(f"- {scenario}: {row['contender']} is {call(row, other).upper()} against "
-                           f"{other['contender']} ({_fmt(row['time_to_target_s'], '.1f', 'never')} s"
-                           f"{_interval_cell(row, 'time_to_target_s')} vs "
-                           f"{_fmt(other['time_to_target_s'], '.1f', 'never')} s"
-                           f"{_interval_cell(other, 'time_to_target_s')})")
+                verdict = call(row, other)
+                figures = (f"{_fmt(row['time_to_target_s'], '.1f', 'never')} s{_interval_cell(row, 'time_to_target_s')}"
+                           f" vs {_fmt(other['time_to_target_s'], '.1f', 'never')} s"
+                           f"{_interval_cell(other, 'time_to_target_s')}")
+                if verdict is None:  # one run each: no interval, no call
+                    out.append(f"- {scenario}: {row['contender']} against {other['contender']}: {figures} "
+                               "(one run: --repeat 2 or more for a call)")
+                else:
+                    out.append(f"- {scenario}: {row['contender']} is {verdict.upper()} against "
+                               f"{other['contender']} ({figures})")
     return out
 
 

@@ -151,6 +151,12 @@ class Schedule(abc.ABC):
         return None
 
     @property
+    def cycle(self):
+        """Averages after which the kinds of this schedule's groups repeat (the topology-aware schedule's
+        rack averages and bridge); 1 where every average is of one kind."""
+        return 1
+
+    @property
     def has_bridges(self):
         """Whether any step may be an exact bridge: the adapters then keep each rank's model as it was right
         after its last average, which a bridge sends (:class:`Bridge`)."""

@@ -133,6 +133,10 @@ class TopologyAware(Schedule):
         return Bridge(scale=weights[rank] * len(group) / sum(weights.values()), carry=weights[rank] - 1.0)
 
     @property
+    def cycle(self):
+        return self.intra_steps + 1
+
+    @property
     def has_bridges(self):
         return self.exact_bridges and len(self.racks) > 1
 

@@ -121,6 +121,16 @@ class PairProbe:
     """This rank's end of the probe: a TCP listener on ``address`` (bound when built), and the timed
     transfers with the partners of :func:`measure`. Plain sockets, not Horovod: no process set is
     registered, and a transfer's time is the link's, not Horovod's negotiation of every registered set.
+
+    Example::
+
+        >>> import threading
+        >>> server, client = PairProbe("127.0.0.1"), PairProbe("127.0.0.1")
+        >>> serving = threading.Thread(target=server.server, args=(0, 65536, 2)); serving.start()
+        >>> seconds = client.client(0, server.endpoint(), 65536, 2); serving.join()
+        >>> 0 < seconds < 5
+        True
+        >>> server.close(); client.close()
     """
 
     def __init__(self, address, timeout=30.0):

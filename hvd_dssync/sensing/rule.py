@@ -7,7 +7,8 @@ hosts joined by fast links form candidate racks; a candidate counts where every 
 faster than every pair across racks, and its **margin** is the slowest pair inside over the fastest pair
 across, turned around (``fastest across / slowest inside``). The candidate of the widest margin wins if the
 margin is at least :data:`MIN_MARGIN`; otherwise the network is one flat network (the safe choice: every
-schedule works on it), and the pairs inside the widest candidate's band are the ones worth timing again.
+schedule works on it), and where the widest candidate came within ``MIN_MARGIN`` of it either way (a margin
+of at least ``1 / MIN_MARGIN``), the pairs inside its band are the ones worth timing again.
 
 What is never a rack:
 
@@ -35,7 +36,8 @@ MIN_MARGIN = 2.0
 class RackDecision:
     """What :func:`decide_racks` found: ``racks`` (lists of host indices; one list for a flat network),
     ``margin`` (the widest candidate's, ``nan`` where there was none), whether it is ``sure`` (a margin of at
-    least ``min_margin``, or no candidate at all) and the ``ambiguous`` host pairs worth timing again.
+    least ``min_margin`` or under ``1 / min_margin``, or no candidate at all) and the ``ambiguous`` host pairs
+    worth timing again.
 
     Example::
 
@@ -150,6 +152,10 @@ def decide_racks(seconds, min_margin=MIN_MARGIN):
     if best_margin >= min_margin:
         racks = sorted([int(h) for h in np.flatnonzero(best == k)] for k in np.unique(best))
         return RackDecision(racks, best_margin, sure=True)
+    if best_margin < 1 / min_margin:
+        # Its slowest link inside is more than min_margin times its fastest across: no stall of a few pairs
+        # (each pair's figure is already its fastest of several transfers) stands between these and racks.
+        return RackDecision(flat, best_margin, sure=True)
     # Unsure: the pairs in the band that a margin of min_margin would have to leave empty, centred
     # (geometrically) between the widest candidate's slowest pair inside and its fastest across.
     inside, across = best_pair

@@ -21,7 +21,8 @@ enable_dynamic_process_sets()
 
 from .functions import (add_process_set_groups, consensus_distance, init, job_topology, probe_topology,  # noqa: E402
                         synchronize_models)
-from .optimizer import DistributedOptimizer, join  # noqa: E402
+from .factory import DistributedOptimizer  # noqa: E402
+from .uneven import join  # noqa: E402
 
 # Horovod's recipe for uneven data, hvd.join(), keeps working unchanged: ranks that run out of data must go on
 # averaging with their groups under DS-Sync, so hvd.join is DS-Sync's from here on (Horovod's own without a

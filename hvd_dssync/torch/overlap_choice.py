@@ -18,19 +18,21 @@ class OverlapChoice:
 
     Args:
         name: the optimizer's op names.
-        policy: the plan's :class:`hvd_dssync.policy.Policy` (the warm-up and the averaging period).
+        plan: the optimizer's :class:`hvd_dssync.plan.SyncPlan` (the warm-up, the averaging period, and the
+            schedule's cycle of averages).
 
     Example::
 
-        choice = OverlapChoice("dssync.0", plan.policy)
+        choice = OverlapChoice("dssync.0", plan)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         ...                                  # the step
         choice.end_step(world, step)         # an allgather at the trial's last step
     """
 
-    def __init__(self, name, policy):
+    def __init__(self, name, plan):
         self.name = name
-        self.trial = OverlapTrial(policy.warmup_steps, policy.average_every)
+        policy = plan.policy
+        self.trial = OverlapTrial(policy.warmup_steps, policy.average_every, plan.schedule.cycle)
         self._last_end = None
 
     def overlap_at(self, step, sparse_in_use):

@@ -35,11 +35,11 @@ def join(device=-1):
     if not optimizers:
         return _horovod_join(device)
     for optimizer in optimizers:
-        optimizer._start_serving()
+        optimizer.start_serving()
     serving = list(optimizers)
     while serving:
-        serving = [optimizer for optimizer in serving if not optimizer._serve_joined()]
-    return [optimizer._stop_serving() for optimizer in optimizers][0]
+        serving = [optimizer for optimizer in serving if not optimizer.serve_joined()]
+    return [optimizer.stop_serving() for optimizer in optimizers][0]
 
 
 _horovod_join = hvd.join

@@ -69,6 +69,8 @@ CONFIGS = {
     "dssync-every-8-plain-bridges": {"average_every": 8, "schedule_options": {"exact_bridges": False}},
     "dssync-every-8-global-32": {"average_every": 8, "global_every": 32},
     "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
+    # Averages behind the local steps, folded in once done (the default's choice where its trial keeps it).
+    "dssync-every-4-overlap": {"average_every": 4, "overlap": True},
     "dssync-every-4-warmup": {"average_every": 4, "warmup_steps": "epoch"},
     # Post-local SGD in DS-Sync (one group of every rank, every 4 steps): PyTorch's periodic averager's rule.
     "dssync-one-group-every-4": {"schedule": "shuffle", "num_groups": 1, "average_every": 4},
