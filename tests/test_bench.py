@@ -16,7 +16,7 @@ from hvd_dssync.bench import report
 from hvd_dssync.config import RACK_AVERAGE_EVERY
 from hvd_dssync.bench.scenarios import SCENARIOS, scenario, straggler_at, straggler_timetable
 from hvd_dssync.bench.testbed import Testbed, cleanup_stale, namespaces_available
-from hvd_dssync.bench.worker import CONTENDERS
+from hvd_dssync.bench.catalog import CONTENDERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _AVAILABLE, _WHY = namespaces_available()

@@ -17,7 +17,7 @@ import time
 
 from .marks import MarkWatch
 from .metric import attach_curves
-from .worker import CONTENDERS, HOROVOD_BSP
+from .catalog import CONTENDERS, HOROVOD_BSP
 
 __all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
 

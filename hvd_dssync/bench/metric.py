@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from .catalog import build_model, higher_target
+
 __all__ = ["TASKS", "load_data", "Snapshots", "snapshot_every", "curves", "attach_curves", "SNAPSHOT_BUDGET_BYTES"]
 
 TASKS = ("synthetic", "digits")
@@ -150,9 +152,6 @@ def curves(paths, model, x_test, y_test, targets=(0.95, 0.97), thin_after=5):
 def attach_curves(record, out_path, config):
     """Replace the record's curve (rank 0's clock and training loss at each snapshot) by :func:`curves` of
     the ranks' snapshot files beside ``out_path``, keeping the training loss."""
-    from .report import higher_target
-    from .worker import build_model
-
     paths = [f"{out_path}.rank{rank}.npz" for rank in range(record["size"])]
     missing = [path for path in paths if not os.path.exists(path)]
     if missing:

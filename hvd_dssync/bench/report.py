@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from .worker import ALONE, POSTLOCAL, period_of
+from .catalog import ALONE, POSTLOCAL, dssync_arguments, higher_target, period_of
 
 __all__ = ["summarize", "higher_target", "combine", "bootstrap_interval", "call", "estimate_bottleneck_bytes", "markdown_table", "write_json",
            "targets", "render_markdown", "PYTORCH_AVERAGERS"]
@@ -56,7 +56,6 @@ def _groups_per_step(contender, steps, racks, config, sensed=None):
     from ..plan import SyncPlan
     from ..policy import BSP, GLOBAL, GROUP
     from ..topology import Topology
-    from .worker import dssync_arguments
 
     if sensed:  # the default (dssync-default): resolved from what it sensed, as its optimizer resolved it
         from ..config import SyncConfig
@@ -119,17 +118,6 @@ def time_to_target(curve, target, key="accuracy"):
         if point.get(key) is not None and point[key] >= target:
             return point["time"]
     return None
-
-
-def higher_target(config):
-    """The second target the report gives the time to: 2 points above ``config["target"]`` (97% for 95%).
-
-    Example::
-
-        >>> higher_target({"target": 0.95})
-        0.97
-    """
-    return round(config["target"] + 0.02, 4)
 
 
 def summarize(record, scenario, config):

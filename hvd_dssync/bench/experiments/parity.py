@@ -37,7 +37,8 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from hvd_dssync.bench.report import bootstrap_interval
-from hvd_dssync.bench.worker import AVERAGER_PERIODS, postlocal_optimizer
+from hvd_dssync.bench.catalog import AVERAGER_PERIODS
+from hvd_dssync.bench.worker import postlocal_optimizer
 
 RACKS = [[0, 1], [2, 3]]
 

@@ -52,7 +52,8 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
     instead, the first rack's other ranks do nothing, the other racks average as before."""
     import torch
 
-    from hvd_dssync.bench.worker import build_model, load_data
+    from hvd_dssync.bench.catalog import build_model
+    from hvd_dssync.bench.metric import load_data
 
     torch.set_num_threads(1)
     bounds = [sum(racks[:k]) for k in range(len(racks) + 1)]
