@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: setup demo test test-wide test-core docs stress horovod-process-set-tests bench bench-report bench-loopback bench-sparse \
-	bench-parity bench-rack-cost bench-long-steps simulate docs-check clean distclean
+	bench-parity bench-rack-cost bench-long-steps bench-sensing simulate docs-check clean distclean
 
 setup:
 	@bash scripts/setup.sh
@@ -47,6 +47,11 @@ bench-sparse: setup
 # One rack's average through Horovod process sets (the build's concurrent sets on and off) and torch.distributed.
 bench-rack-cost: setup
 	$(PY) -m hvd_dssync.bench.experiments.rack_average_cost --ranks 8 --racks 2
+
+# The default's sensing on the bench's networks and on 16 hosts, 10 fresh jobs each: how often it finds the right
+# racks, its margins and its seconds (about 40 minutes).
+bench-sensing: setup
+	$(PY) -m hvd_dssync.bench.experiments.sensing_rate --runs 10 --networks static,bandwidth,none,sixteen
 
 # mpirun, 2 hosts of 4 and 4 hosts of 2, 5 runs each: the longest step against the median averaging step.
 bench-long-steps: setup

@@ -4,10 +4,11 @@ An overlapped average runs behind the local steps that follow it and is folded i
 adapter's ``overlap``). It wins where a step's compute leaves the host's cores and NIC idle (a GPU's forward
 and backward pass), and loses where the ranks' compute already fills the cores (the averaging then competes
 with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
-it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods with the
-averages waited for, as many overlapped, each rank's mean seconds per step of each, averaged over the ranks
+it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods (whole
+cycles of the schedule) with the averages waited for, as many overlapped, each period's seconds on each rank
 (one allgather at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
-at least :data:`MIN_GAIN` shorter; else off, the safe choice (exact averages, no staleness). ``overlap=True``
+at least :data:`MIN_GAIN` shorter and by :data:`MIN_T` standard errors of the saving; else off, the safe
+choice (exact averages, no staleness): unsure is off. ``overlap=True``
 or ``False`` decides without a trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
@@ -16,10 +17,13 @@ import math
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "runs_trial", "TRIAL_PERIODS", "MIN_GAIN"]
+__all__ = ["OverlapTrial", "runs_trial", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept
+# ... and by this many standard errors of the saving: with 4 periods each way, Student's t of 3 degrees of
+# freedom, one-sided, about 95% (2.35).
+MIN_T = 2.5
 
 
 def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
@@ -54,8 +58,8 @@ class OverlapTrial:
         >>> for s in range(10):
         ...     trial.note(s, 0.3 if s < 6 else 0.2)
         >>> trial.due(9), trial.figures().tolist()
-        (True, [[0.3, 0.2]])
-        >>> trial.decide(np.array([[0.3, 0.2], [0.32, 0.21]])), trial.overlap_at(10)
+        (True, [[0.6, 0.6, 0.4, 0.4]])
+        >>> trial.decide(np.array([[0.6, 0.62, 0.4, 0.41], [0.61, 0.6, 0.42, 0.4]])), trial.overlap_at(10)
         (True, True)
     """
 
@@ -63,11 +67,12 @@ class OverlapTrial:
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
         cycle = max(1, int(cycle))
-        self.length = self.period * cycle * -(-int(periods) // cycle)
+        self.blocks = cycle * -(-int(periods) // cycle)  # averaging periods timed each way
+        self.length = self.period * self.blocks
         self.min_gain = float(min_gain)
         self.decided = None  # True / False once decided
         self.gain = math.nan
-        self._seconds = {False: [], True: []}
+        self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
 
     @property
     def last(self):
@@ -83,22 +88,30 @@ class OverlapTrial:
     def note(self, step, seconds):
         """A step's seconds, from the end of the step before to the end of this one."""
         if self.decided is None and self.first <= step <= self.last and math.isfinite(seconds):
-            self._seconds[self.overlap_at(step)].append(float(seconds))
+            self._seconds[(step - self.first) // self.period] += float(seconds)
 
     def due(self, step):
         """Whether the ranks decide after ``step`` (:meth:`figures`, then :meth:`decide`)."""
         return self.decided is None and step == self.last
 
     def figures(self):
-        """This rank's ``[[mean seconds waited, mean seconds overlapped]]`` (NaN where none was timed)."""
-        return np.array([[np.mean(self._seconds[k]) if self._seconds[k] else math.nan for k in (False, True)]])
+        """This rank's seconds of each averaging period of the trial, the waited ones first: one row."""
+        return self._seconds.reshape(1, -1).copy()
 
     def decide(self, gathered):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
-        ``min_gain`` or more. Returns the decision."""
-        waited, overlapped = np.mean(np.asarray(gathered, dtype=float).reshape(-1, 2), axis=0)
-        self.gain = 1.0 - overlapped / waited if waited > 0 else math.nan
-        self.decided = bool(math.isfinite(self.gain) and self.gain >= self.min_gain)
+        ``min_gain`` or more, and by more than the noise: the difference of each overlapped period from the
+        waited one at the same place in the schedule's cycle, averaged over the ranks, its mean at least
+        :data:`MIN_T` times its standard error over the periods (what the ranks' noise shares, as where they
+        wait for each other, stays in it; what is their own averages out). Returns the decision.
+        """
+        periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
+        waited, overlapped = periods[:, 0, :], periods[:, 1, :]
+        self.gain = 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
+        saved = (waited - overlapped).mean(axis=0)  # paired by their place in the cycle
+        error = saved.std(ddof=1) / math.sqrt(self.blocks) if self.blocks > 1 else math.inf
+        sure = saved.mean() >= MIN_T * error
+        self.decided = bool(math.isfinite(self.gain) and self.gain >= self.min_gain and sure)
         return self.decided
 
     def rule_out(self):
