@@ -79,7 +79,8 @@ class Sensed:
         if self.pairs:
             timed = f", {self.pairs} pairs timed" + (f" ({self.retimed} again)" if self.retimed else "")
             timed += f", {self.reading}" if self.reading else ""
-        return f"hvd_dssync: sensed {self.found}{racks} ({self.how}, {self.hosts} host(s){timed}) in {self.seconds:.3f} s"
+        return (f"hvd_dssync: sensed {self.found}{racks} ({self.how}, {self.hosts} host(s){timed}) "
+                f"in {self.seconds:.3f} s")
 
     def __repr__(self):
         return f"Sensed(how={self.how!r}, racks={self.racks}, seconds={self.seconds:.3f}, margin={self.margin})"

@@ -172,7 +172,8 @@ class PairProbe:
         ``nbytes`` (until the partner acknowledged the last byte).
 
         A first, unmeasured transfer of up to ``nbytes`` meets the partner and sizes the timed ones from its
-        rate: each lasts about ``target_seconds`` (at least ``nbytes``, at most :data:`SENSE_MAX_NBYTES`). Any
+        rate: each lasts about ``target_seconds`` (at least ``nbytes``, at most :data:`SENSE_MAX_NBYTES`); where
+        it was cut short (a slow link), a third as many are timed (at least one). Any
         transfer stops sending once ``cap_seconds`` have passed (at least one chunk is sent): a slow link is
         timed on what it carried, so it costs about ``cap_seconds`` (plus what the socket still holds, at most
         :data:`SENSE_SEND_BUFFER` and its kernel's share) instead of ``nbytes`` at its own rate.
@@ -188,26 +189,31 @@ class PairProbe:
             rate = sent / max(seconds, 1e-9)
             size = int(min(SENSE_MAX_NBYTES, max(nbytes, rate * target_seconds)))
             chunk = int(min(SENSE_MAX_CHUNK, max(SENSE_CHUNK, rate * cap_seconds / 8)))
+            # A link that could not carry nbytes within the cap is timed by the network, not by a busy core, and
+            # each of its transfers costs what the socket holds to drain at its slow rate: a third as many.
+            timed = repeats if sent >= nbytes else max(1, repeats // SENSE_REPEATS)
             fastest = math.inf
-            for _ in range(repeats):
+            for _ in range(timed):
                 seconds, sent = _transfer(conn, payload[:chunk], size, cap_seconds)
                 fastest = min(fastest, seconds * nbytes / sent)
         return fastest
 
     def server(self, partner, nbytes, repeats):
-        """The other end of :meth:`client` for ``partner``: reads its ``repeats`` + 1 transfers, acknowledging
-        each."""
+        """The other end of :meth:`client` for ``partner``: reads its transfers, acknowledging each, until the
+        partner closes the connection."""
         conn = self._accept_from(partner)
         sink = memoryview(bytearray(SENSE_MAX_CHUNK))
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(repeats + 1):
-                while True:
-                    n = int.from_bytes(_read(conn, 4), "big")
-                    if n == 0:
-                        break
+            while True:
+                header = _read_or_end(conn, 4)
+                if header is None:
+                    return
+                n = int.from_bytes(header, "big")
+                if n == 0:
+                    conn.sendall(b"a")
+                else:
                     _read_into(conn, sink[:n])
-                conn.sendall(b"a")
 
 
 def _transfer(conn, payload, nbytes, cap_seconds):
@@ -232,6 +238,16 @@ def _read_into(conn, view):
         if not chunk:
             raise ConnectionError("the partner closed the connection")
         got += chunk
+
+
+def _read_or_end(conn, n):
+    """``n`` bytes, or ``None`` where the partner closed the connection before sending any."""
+    view = bytearray(n)
+    got = conn.recv_into(view, n)
+    if got == 0:
+        return None
+    _read_into(conn, memoryview(view)[got:])
+    return bytes(view)
 
 
 def _read(conn, n):
