@@ -377,27 +377,13 @@ def _on_four_hosts_in_two_racks(worker, contender, timeout, inter_mbit=20, env=N
     between the racks: 10x slower by default, 0 unshaped), with the bench's rendezvous, ``contender``'s
     environment and ``env``; ``meanwhile(bed)`` is called every 50 ms while the ranks run. Every rank's output,
     after all exited 0 within ``timeout`` seconds."""
-    from hvd_dssync.bench.contenders import _start_rendezvous, rank_env
+    from hvd_dssync.bench.contenders import run_ranks
 
     path = os.path.join(ROOT, "tests", "workers", worker)
-    deadline = time.monotonic() + timeout
     with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=inter_mbit) as bed:
-        rendezvous, port = _start_rendezvous(bed, deadline)
-        procs = [bed.popen(rank, [sys.executable, path], env=dict(rank_env(bed, rank, contender, port), **(env or {})),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for rank in range(bed.size)]
-        try:
-            while meanwhile is not None and any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                meanwhile(bed)
-                time.sleep(0.05)
-            outputs = [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-            rendezvous.stdin.close()
-            rendezvous.wait(timeout=10)
-    assert all(proc.returncode == 0 for proc in procs), "\n".join(outputs)
+        ranks = run_ranks(bed, [sys.executable, path], contender, timeout, env, meanwhile)
+    outputs = [out for _, out in ranks]
+    assert all(code == 0 for code, _ in ranks), "\n".join(outputs)
     return outputs
 
 

@@ -19,7 +19,8 @@ from .marks import MarkWatch
 from .metric import attach_curves
 from .catalog import CONTENDERS, HOROVOD_BSP
 
-__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "rank_env", "JobFailed"]
+__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "run_ranks", "rank_env", "start_rendezvous",
+           "JobFailed"]
 
 HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c in HOROVOD_BSP or c.startswith("dssync-"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +60,8 @@ def rank_env(bed, rank, contender, port):
     return env
 
 
-def _start_rendezvous(bed, deadline):
+def start_rendezvous(bed, deadline):
+    """Horovod's rendezvous server in rank 0's namespace until ``deadline``: ``(its process, its port)``."""
     hosts = ",".join(f"{bed.namespace(r)}:1" for r in range(bed.size)) if bed.describe()["mode"] == "namespaces" \
         else f"localhost:{bed.size}"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -71,6 +73,34 @@ def _start_rendezvous(bed, deadline):
         proc.kill()
         raise JobFailed(f"the rendezvous server did not start: {line!r}")
     return proc, int(line.split()[1])
+
+
+def run_ranks(bed, argv, contender, timeout, env=None, meanwhile=None):
+    """Run ``argv`` as every rank of ``bed`` with ``contender``'s environment (:func:`rank_env`, Horovod's
+    rendezvous started for it) and ``env``; ``meanwhile(bed)`` is called every 50 ms while they run. Returns
+    every rank's ``(exit code, output)``; a rank still running after ``timeout`` seconds is killed."""
+    deadline = time.monotonic() + timeout
+    rendezvous, port = start_rendezvous(bed, deadline)
+    procs = [bed.popen(rank, argv, env=dict(rank_env(bed, rank, contender, port), **(env or {})),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(bed.size)]
+    outputs = []
+    try:
+        while meanwhile is not None and any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            meanwhile(bed)
+            time.sleep(0.05)
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                outputs.append(proc.communicate()[0] + f"\n(killed after {timeout:g} s)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        rendezvous.stdin.close()
+        rendezvous.wait(timeout=10)
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs)]
 
 
 def _free_port_hint(bed):
@@ -103,7 +133,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
     original_rate = bed.inter_mbit
     try:
         if contender in HOROVOD_CONTENDERS:
-            rendezvous, port = _start_rendezvous(bed, deadline)
+            rendezvous, port = start_rendezvous(bed, deadline)
         else:
             port = _free_port_hint(bed)
         for rank in range(bed.size):

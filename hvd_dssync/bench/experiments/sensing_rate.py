@@ -14,9 +14,7 @@ seconds) and, with ``--json``, every run's record.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from collections import Counter
 
 from ..arguments import names
@@ -50,30 +48,18 @@ def worker():
 
 
 def run_once(racks, intra_mbit, inter_mbit, timeout):
-    """One job on a fresh testbed: rank 0's ``opt.sensed`` and the testbed's racks of ranks."""
-    from ..contenders import _start_rendezvous, rank_env
+    """One job on a fresh testbed: ``(rank 0's opt.sensed or None, the testbed's racks of ranks, what failed)``."""
+    from ..contenders import run_ranks
     from ..testbed import Testbed
 
-    deadline = time.monotonic() + timeout
     with Testbed(racks=racks, intra_mbit=intra_mbit, inter_mbit=inter_mbit) as bed:
-        rendezvous, port = _start_rendezvous(bed, deadline)
         argv = [sys.executable, "-m", "hvd_dssync.bench.experiments.sensing_rate", "--worker"]
-        procs = [bed.popen(rank, argv, env=rank_env(bed, rank, "dssync-default", port), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True) for rank in range(bed.size)]
-        try:
-            outputs = [proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0] for proc in procs]
-        except subprocess.TimeoutExpired:
-            return None, bed.rack_ranks(), "timed out"
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-            rendezvous.stdin.close()
-            rendezvous.wait(timeout=10)
-        lines = [line for line in outputs[0].splitlines() if line.startswith("SENSED ")]
-        if any(proc.returncode != 0 for proc in procs) or not lines:
-            return None, bed.rack_ranks(), "\n".join(outputs)[-2000:]
-        return json.loads(lines[0][7:]), bed.rack_ranks(), ""
+        ranks = run_ranks(bed, argv, "dssync-default", timeout)
+        true_racks = bed.rack_ranks()
+    lines = [line for line in ranks[0][1].splitlines() if line.startswith("SENSED ")]
+    if any(code != 0 for code, _ in ranks) or not lines:
+        return None, true_racks, "\n".join(out for _, out in ranks)[-2000:]
+    return json.loads(lines[0][7:]), true_racks, ""
 
 
 def judge(sensed, true_racks, flat):

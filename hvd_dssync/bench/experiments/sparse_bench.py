@@ -18,7 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-from hvd_dssync.bench.contenders import ROOT, _start_rendezvous, rank_env  # noqa: E402
+from hvd_dssync.bench.contenders import ROOT, start_rendezvous, rank_env  # noqa: E402
 from hvd_dssync.bench.testbed import LoopbackBed, Testbed, namespaces_available  # noqa: E402
 
 EXAMPLES = {framework: os.path.join(ROOT, "examples", f"{framework}_sparse_benchmark.py")
@@ -28,7 +28,7 @@ VARIANTS = ("horovod-sparse", "horovod-sparse-as-dense", "dssync-dense", "dssync
 
 def run_variant(bed, example, variant, extra, timeout):
     deadline = time.monotonic() + timeout
-    rendezvous, port = _start_rendezvous(bed, deadline)
+    rendezvous, port = start_rendezvous(bed, deadline)
     before = bed.bottleneck_bytes()
     procs = []
     # Every rank's stderr, to show where a failed job failed first.
