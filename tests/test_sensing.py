@@ -320,7 +320,7 @@ def test_one_rank_per_host_is_measured_and_the_figures_gathered_once():
         objects.append(mine)
         return [[f"ns{r}", ["10.0.0.1", r]] for r in range(8)]
 
-    ticks = iter([10.0, 12.5])
+    ticks = iter([9.0, 10.0, 12.5])  # sensing starts, the host names are in, the racks are known
     sensed = sense(3, 8, False, allgather_object, allgather, clock=lambda: next(ticks),
                    address=lambda: "10.0.0.1", probe_class=FakeProbe)
     assert len(objects) == 1 and objects[0] == [host_name(), ["10.0.0.1", 1]]

@@ -31,7 +31,7 @@ _cache = {}
 
 class Sensed:
     """What sensing found: ``how`` ("one host", "hosts", "measured", or "not probed": too many hosts), the ``racks``
-    (lists of ranks; ``None`` for one rack), its cost in ``seconds``, the number of ``hosts`` and, when
+    (lists of ranks; ``None`` for one rack), its cost in ``seconds`` (from the gathered host names on), the number of ``hosts`` and, when
     measured, the host pairs timed, their figures, the rack rule's ``margin`` (its confidence: the fastest
     link across racks over the slowest inside, the widest candidate's where it found one flat network) and
     how many pairs were timed again (``retimed``).
@@ -177,6 +177,9 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
     probe = probe_class(address())
     try:
         gathered = allgather_object([host_name(), probe.endpoint()])
+        # The sensing's own seconds from here: not the wait for the last rank to reach the job's first
+        # collective, which the ranks' agreement check right after would wait as long.
+        started = clock()
         rank_hosts = [h for h, _ in gathered]
         endpoints = [e for _, e in gathered]
         how, found = layout(rank_hosts)
