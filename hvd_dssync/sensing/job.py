@@ -30,11 +30,11 @@ _cache = {}
 
 
 class Sensed:
-    """What sensing found: ``how`` ("one host", "hosts", "measured", or "not probed": too many hosts), the ``racks``
-    (lists of ranks; ``None`` for one rack), its cost in ``seconds`` (from the gathered host names on), the number of ``hosts`` and, when
-    measured, the host pairs timed, their figures, the rack rule's ``margin`` (its confidence: the fastest
-    link across racks over the slowest inside, the widest candidate's where it found one flat network) and
-    how many pairs were timed again (``retimed``).
+    """What sensing found: ``how`` ("one host", "hosts", "measured", or "not probed": too many hosts), the
+    ``racks`` (lists of ranks; ``None`` for one rack), its cost in ``seconds`` (from the gathered host names
+    on), the number of ``hosts`` and, when measured, the host pairs timed, their figures, the rack rule's
+    ``margin`` (its confidence: the fastest link across racks over the slowest inside, the widest
+    candidate's where it found one flat network) and how many pairs were timed again (``retimed``).
 
     Example::
 
