@@ -1,12 +1,15 @@
-"""Command line: ``python -m hvd_dssync info | simulate | bench | plot`` (also installed as ``hvd-dssync``).
+"""Command line: ``python -m hvd_dssync info | racks | simulate | bench | plot`` (also ``hvd-dssync``).
 
 - ``info``: versions, what Horovod was built with, and the groups and process sets a job would use.
+- ``racks``: the racks the default's rule finds in recorded figures (an optimizer's ``opt.sensed``), with
+  its margin, or why it found one flat network.
 - ``simulate``: consensus, spectral gap and slow-link cost of the schedules for 8 to 4096 workers.
 - ``bench``, ``plot``: the emulated-cluster benchmark and its plots (:mod:`hvd_dssync.bench`).
 
 Example::
 
     python -m hvd_dssync info -np 4 --num-groups 2
+    python -m hvd_dssync racks sensed.json
     python -m hvd_dssync simulate --workers 8,64,512,4096 --json results/simulate.json
 """
 import argparse
@@ -74,6 +77,7 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"hvd_dssync {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     _add_info(commands)
+    _add_racks(commands)
     _add_simulate(commands)
     for name, module in _PASSTHROUGH.items():
         commands.add_parser(name, add_help=False, help=f"run {module} (arguments go to it; try {name} --help)")
@@ -94,6 +98,38 @@ def _add_info(commands):
     info.add_argument("--no-build-check", action="store_true",
                       help="skip asking Horovod what it was built with (that loads each framework, seconds)")
     info.set_defaults(run=_run_info)
+
+
+def _add_racks(commands):
+    racks = commands.add_parser("racks", help="the racks the default's rule finds in recorded figures, its margin")
+    racks.add_argument("figures", help="a JSON file: an optimizer's opt.sensed, or its seconds_by_pair alone")
+    racks.add_argument("--min-margin", type=float, default=None,
+                       help="the margin that counts as racks (default: hvd_dssync.sensing.MIN_MARGIN, 2)")
+    racks.set_defaults(run=_run_racks)
+
+
+def _run_racks(args, parser):
+    """Print what the rack rule finds in a recorded ``opt.sensed`` (or its ``seconds_by_pair``)."""
+    from .sensing import MIN_MARGIN, decide_racks, seconds_of_pairs
+
+    try:
+        with open(args.figures) as f:
+            figures = json.load(f)
+        by_pair = figures.get("seconds_by_pair", figures) if isinstance(figures, dict) else None
+        leaders, seconds = seconds_of_pairs(by_pair)
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        parser.error(f"racks: cannot read pair figures from {args.figures}: {type(e).__name__}: {e}")
+    if len(leaders) < 2:
+        parser.error(f"racks: {args.figures} holds figures of fewer than two hosts")
+    margin = MIN_MARGIN if args.min_margin is None else args.min_margin
+    decision = decide_racks(seconds, margin)
+    found = "one flat network" if decision.flat else \
+        f"{len(decision.racks)} racks {[[leaders[h] for h in rack] for rack in decision.racks]}"
+    print(f"{len(leaders)} hosts (first ranks {leaders}): {found}; {decision.describe(margin)}")
+    if decision.ambiguous:
+        print("pairs in doubt (timed again by the probe): "
+              + ", ".join(f"{leaders[a]}-{leaders[b]}" for a, b in decision.ambiguous))
+    return 0
 
 
 def _add_simulate(commands):

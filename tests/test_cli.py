@@ -41,7 +41,30 @@ def test_simulate_options_reach_the_simulator():
     assert row[1] == "4" and row[7] == "18.8" and row[8] == "75"  # 2*15/16*10 MB at 2 Gb/s
 
 
+def test_racks_reads_recorded_figures_and_says_its_margin(tmp_path):
+    """An optimizer's recorded opt.sensed (the accelerator network's figures that a rule of one pair split into
+    five racks): two racks and the margin; a stricter margin finds one flat network and names the pairs in
+    doubt; figures of one pair find no structure."""
+    from test_sensing import RECORDED
+
+    words = RECORDED.split()
+    sensed = tmp_path / "sensed.json"
+    by_pair = dict(zip(words[::2], map(float, words[1::2])))
+    sensed.write_text(json.dumps({"how": "measured", "seconds_by_pair": by_pair}))
+    result = run_cli("racks", str(sensed))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "8 hosts (first ranks [0, 1, 2, 3, 4, 5, 6, 7]): 2 racks [[0, 1, 2, 3], " \
+                                    "[4, 5, 6, 7]]; margin 2.7x"
+    strict = run_cli("racks", str(sensed), "--min-margin", "3").stdout.splitlines()
+    assert strict == ["8 hosts (first ranks [0, 1, 2, 3, 4, 5, 6, 7]): one flat network; no clear margin "
+                      "(widest 2.7x, 3x needed)", "pairs in doubt (timed again by the probe): 2-4, 3-6, 5-6"]
+    pair = tmp_path / "pair.json"
+    pair.write_text('{"0-2": 0.01}')
+    assert "one flat network; no rack structure" in run_cli("racks", str(pair)).stdout
+
+
 @pytest.mark.parametrize("args,message", [
+    (("racks", "/nonexistent/sensed.json"), "cannot read pair figures"),
     (("simulate", "--workers", "8,x"), "integers separated by commas"),
     (("simulate", "--workers", "1"), "world sizes of at least 2"),
     (("simulate", "--schedule", "ring"), "expected names among"),

@@ -31,10 +31,11 @@ from .job import (AUTO, MAX_PROBED_HOSTS, RETIME_PASSES, Sensed, default_topolog
                   sense, sense_again, sense_once, wants_sensing)
 from .probe import (SENSE_CAP_SECONDS, SENSE_CHUNK, SENSE_NBYTES, SENSE_REPEATS, SENSE_TARGET_SECONDS, PairProbe,
                     local_address, measure, pair_rounds, probe_rounds)
-from .rule import MIN_MARGIN, RackDecision, decide_racks, pair_seconds, rank_racks
+from .rule import MIN_MARGIN, RackDecision, decide_racks, pair_seconds, rank_racks, seconds_of_pairs
 
 __all__ = ["AUTO", "Sensed", "layout", "host_racks", "probe_rounds", "pair_rounds", "local_address", "PairProbe",
-           "measure", "MIN_MARGIN", "RackDecision", "decide_racks", "pair_seconds", "rank_racks", "sense",
+           "measure", "MIN_MARGIN", "RackDecision", "decide_racks", "pair_seconds", "rank_racks", "seconds_of_pairs",
+           "sense",
            "sense_once", "last_sensed", "wants_sensing", "SENSE_NBYTES", "SENSE_REPEATS", "SENSE_CAP_SECONDS",
            "SENSE_TARGET_SECONDS", "SENSE_CHUNK", "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology",
            "sense_again"]

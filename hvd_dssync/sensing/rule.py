@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-__all__ = ["MIN_MARGIN", "RackDecision", "pair_seconds", "decide_racks", "rank_racks"]
+__all__ = ["MIN_MARGIN", "RackDecision", "pair_seconds", "seconds_of_pairs", "decide_racks", "rank_racks"]
 
 # The fastest link across racks must be this many times slower than the slowest link inside one. Measured on
 # the bench's emulated networks (docs/tuning.md): on networks with a 10x slower link between the racks the
@@ -86,6 +86,27 @@ def pair_seconds(gathered, leaders):
             ends = [s for s in (gathered[leaders[a], b], gathered[leaders[b], a]) if not math.isnan(s)]
             seconds[a, b] = seconds[b, a] = max(ends) if ends else math.inf
     return seconds
+
+
+def seconds_of_pairs(by_pair):
+    """``(leaders, seconds)`` from figures by pair as ``opt.sensed["seconds_by_pair"]`` holds them
+    (``{"a-b": seconds}``, ``a`` and ``b`` the hosts' first ranks): the ranks in order and the symmetric matrix
+    of :func:`decide_racks` (``inf`` for a pair not given).
+
+    Example::
+
+        >>> leaders, seconds = seconds_of_pairs({"0-2": 0.01, "0-4": 0.1, "2-4": 0.1})
+        >>> leaders, seconds[0].tolist()
+        ([0, 2, 4], [0.0, 0.01, 0.1])
+    """
+    pairs = {tuple(sorted(int(r) for r in key.split("-"))): float(value) for key, value in by_pair.items()}
+    leaders = sorted({r for pair in pairs for r in pair})
+    index = {r: i for i, r in enumerate(leaders)}
+    seconds = np.full((len(leaders), len(leaders)), math.inf)
+    np.fill_diagonal(seconds, 0.0)
+    for (a, b), value in pairs.items():
+        seconds[index[a], index[b]] = seconds[index[b], index[a]] = value
+    return leaders, seconds
 
 
 def _candidates(seconds):
