@@ -146,9 +146,14 @@ def test_every_rank_builds_the_same_racks_from_one_allgather():
     racks, decision = racks_from_figures(rows, leaders, hosts)
     assert racks == [list(range(8))] and not decision.sure and decision.margin == pytest.approx(0.5)
     assert (0, 1) in decision.ambiguous and (0, 4) in decision.ambiguous and (0, 2) not in decision.ambiguous
-    # A link inside more than 2x slower than the fastest across is no stall between these and racks: one flat
-    # network, sure, nothing to time again.
+    # A link inside 3x slower than the fastest across: far from racks, but one stall may be all that stands
+    # between: it is timed again, with the links across that the racks' other links leave in doubt (none).
     rows[0][1], rows[1][0] = 0.3, 0.3
+    racks, decision = racks_from_figures(rows, leaders, hosts)
+    assert racks == [list(range(8))] and not decision.sure and decision.ambiguous == [(0, 1)]
+    # Five such links inside, more than one for every two hosts: no racks, sure, nothing timed again.
+    for a, b in ((0, 2), (0, 3), (1, 2), (4, 5)):
+        rows[a][b] = rows[b][a] = 0.3
     racks, decision = racks_from_figures(rows, leaders, hosts)
     assert racks == [list(range(8))] and decision.sure and decision.ambiguous == []
 

@@ -7,8 +7,10 @@ hosts joined by fast links form candidate racks; a candidate counts where every 
 faster than every pair across racks, and its **margin** is the slowest pair inside over the fastest pair
 across, turned around (``fastest across / slowest inside``). The candidate of the widest margin wins if the
 margin is at least :data:`MIN_MARGIN`; otherwise the network is one flat network (the safe choice: every
-schedule works on it), and where the widest candidate came within ``MIN_MARGIN`` of it either way (a margin
-of at least ``1 / MIN_MARGIN``), the pairs inside its band are the ones worth timing again.
+schedule works on it), and the pairs in the widest candidate's band are the ones worth timing again; where
+it is far from racks (a margin under ``1 / MIN_MARGIN``), only a few links inside that slow (at most one for
+every two hosts: stalls) are timed again, with the links across left in doubt by its others; more, and
+it is one flat network.
 
 What is never a rack:
 
@@ -36,8 +38,8 @@ MIN_MARGIN = 2.0
 class RackDecision:
     """What :func:`decide_racks` found: ``racks`` (lists of host indices; one list for a flat network),
     ``margin`` (the widest candidate's, ``nan`` where there was none), whether it is ``sure`` (a margin of at
-    least ``min_margin`` or under ``1 / min_margin``, or no candidate at all) and the ``ambiguous`` host pairs
-    worth timing again.
+    least ``min_margin``, no candidate at all, or one far from racks by many links) and the ``ambiguous``
+    host pairs worth timing again.
 
     Example::
 
@@ -173,13 +175,22 @@ def decide_racks(seconds, min_margin=MIN_MARGIN):
     if best_margin >= min_margin:
         racks = sorted([int(h) for h in np.flatnonzero(best == k)] for k in np.unique(best))
         return RackDecision(racks, best_margin, sure=True)
+    inside, across = best_pair
     if best_margin < 1 / min_margin:
-        # Its slowest link inside is more than min_margin times its fastest across: no stall of a few pairs
-        # (each pair's figure is already its fastest of several transfers) stands between these and racks.
-        return RackDecision(flat, best_margin, sure=True)
+        # Far from racks: links inside more than min_margin times slower than the fastest across. A few such
+        # links (at most one for every two hosts) may be stalls, timed again with the links across that their
+        # racks' other links leave in doubt; more are no racks.
+        rows, cols = np.triu_indices(n, 1)
+        same = best[rows] == best[cols]
+        slow = same & (seconds[rows, cols] * min_margin > across)
+        if slow.sum() > n // 2:
+            return RackDecision(flat, best_margin, sure=True)
+        rest = seconds[rows, cols][same & ~slow].max(initial=0.0)
+        doubt = slow | (~same & (seconds[rows, cols] < rest * min_margin))
+        return RackDecision(flat, best_margin, sure=False,
+                            ambiguous=[(int(i), int(j)) for i, j in zip(rows[doubt], cols[doubt])])
     # Unsure: the pairs in the band that a margin of min_margin would have to leave empty, centred
     # (geometrically) between the widest candidate's slowest pair inside and its fastest across.
-    inside, across = best_pair
     centre = math.sqrt(inside * across) if math.isfinite(across) else inside
     low, high = centre / math.sqrt(min_margin), centre * math.sqrt(min_margin)
     ambiguous = [(i, j) for i in range(n) for j in range(i + 1, n) if low <= seconds[i, j] <= high]
