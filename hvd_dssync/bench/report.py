@@ -128,7 +128,8 @@ def summarize(record, scenario, config):
     samples = record["batch"] * record["size"]
     row = {
         "scenario": scenario["name"], "contender": record["contender"], "steps": steps,
-        "median_step_s": median, "throughput_samples_s": samples / median if median else float("nan"),
+        "median_step_s": median, "mean_step_s": float(np.mean(record["step_times"])) if steps else float("nan"),
+        "throughput_samples_s": samples / median if median else float("nan"),
         "train_seconds": record["train_seconds"], "time_to_target_s": time_to_target(record["curve"], config["target"]),
         "time_to_higher_target_s": time_to_target(record["curve"], higher_target(config)),
         "time_to_target_consensus_s": time_to_target(record["curve"], config["target"], "consensus_accuracy"),
@@ -142,6 +143,8 @@ def summarize(record, scenario, config):
     }
     if sensed is not None:
         row["sensed"] = sensed
+    if record.get("overlap") is not None:
+        row["overlap"] = record["overlap"]  # what the default's trial decided (hvd_dssync.overlap)
     links = record.get("links")
     if links and links["total"]:
         row["bottleneck_bytes"] = max(links["total"].values(), default=0)
