@@ -11,8 +11,13 @@ docs/tuning.md has what this wait measured against ``hvd.synchronize`` on the em
 import time
 
 import horovod.torch as hvd
+from horovod.common.exceptions import HorovodInternalError
 
-__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP"]
+__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP",
+           "SHUT_DOWN"]
+
+SHUT_DOWN = ("hvd_dssync: Horovod is shut down, so this step cannot average: another rank failed or exited early "
+             "(its output says why), or hvd.shutdown() was called.")
 
 FIRST_SLEEP = 5e-5
 LONGEST_SLEEP = 1e-3
@@ -27,10 +32,17 @@ def wait(handle):
         wait(handle)
     """
     pause = FIRST_SLEEP
-    while not hvd.poll(handle):
-        time.sleep(pause)
-        pause = min(2 * pause, LONGEST_SLEEP)
-    return hvd.synchronize(handle)
+    try:
+        while not hvd.poll(handle):
+            time.sleep(pause)
+            pause = min(2 * pause, LONGEST_SLEEP)
+        return hvd.synchronize(handle)
+    except HorovodInternalError as e:
+        # Horovod shut down while this op was in flight (a peer exited or failed): the same clear error
+        # the next step would raise, rather than Horovod's own.
+        if "shut down" in str(e):
+            raise RuntimeError(SHUT_DOWN) from e
+        raise
 
 
 def grouped_allreduce_(tensors, **kwargs):

@@ -287,9 +287,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         try:
             generation = self._registry.refresh()
         except ValueError:  # Horovod's "not initialized": its process-set table is gone
-            raise RuntimeError("hvd_dssync: Horovod is shut down, so this step cannot average: another rank "
-                               "failed or exited early (its output says why), or hvd.shutdown() was called."
-                               ) from None
+            raise RuntimeError(collectives.SHUT_DOWN) from None
         return generation != self._generation
 
     def _join_world(self):
