@@ -15,7 +15,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest tests
 
-# The 16-rank jobs (about 5 minutes) that `make test` leaves out for CI's time.
+# The 16-rank jobs and the launcher pairs that `make test` leaves out for CI's time (tests/multirank.py).
 test-wide: setup
 	$(PY) -m pytest tests -m wide
 

@@ -125,6 +125,33 @@ def _failed_behaviours(output):
     return f": failed behaviours: {'; '.join(failed)}" if failed else ""
 
 
-def matrix(sizes=(2, 3, 4)):
-    """Parameters for ``@pytest.mark.parametrize("launcher,np", matrix())`` with readable ids."""
-    return [pytest.param(launcher, np, id=f"{launcher}-np{np}") for launcher in LAUNCHERS for np in sizes]
+def matrix(sizes=(2, 3, 4), both=()):
+    """Parameters for ``@pytest.mark.parametrize("launcher,np", matrix())`` with readable ids: every size
+    under each launcher. ``make test`` runs each size under one launcher, the two taking turns (and both at
+    each size in ``both``), so that every size and every launcher is covered; the other pairs are marked
+    ``wide`` (``make test-wide``): the launcher changes how Horovod negotiates and moves the bytes, not what
+    the adapters compute, and CI's time is bounded.
+
+    Example::
+
+        >>> [(p.id, bool(p.marks)) for p in matrix((2, 3))]
+        [('gloo-np2', False), ('mpi-np2', True), ('gloo-np3', True), ('mpi-np3', False)]
+    """
+    return [pytest.param(launcher, np, id=f"{launcher}-np{np}",
+                         marks=() if launcher == LAUNCHERS[i % 2] or np in both else pytest.mark.wide)
+            for i, np in enumerate(sizes) for launcher in LAUNCHERS]
+
+
+def crossed(named, launchers=LAUNCHERS):
+    """Parameters for ``@pytest.mark.parametrize("launcher,value", crossed({"torch": ..., "keras": ...}))``:
+    every launcher (of ``launchers``) with every value, ids ``launcher-name``. As in :func:`matrix`, ``make test`` runs each
+    value under one launcher, the two taking turns; the other pairs are ``wide``.
+
+    Example::
+
+        >>> [(p.id, bool(p.marks)) for p in crossed({"torch": 1, "keras": 2})]
+        [('gloo-torch', False), ('mpi-torch', True), ('gloo-keras', True), ('mpi-keras', False)]
+    """
+    return [pytest.param(launcher, value, id=f"{launcher}-{name}",
+                         marks=() if launcher == launchers[i % len(launchers)] else pytest.mark.wide)
+            for i, (name, value) in enumerate(named.items()) for launcher in launchers]

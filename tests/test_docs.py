@@ -157,6 +157,15 @@ def test_docstring_examples_run(module):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_suites_launcher_matrices_run_every_size_and_launcher():
+    """tests/multirank.py's examples: ``make test`` runs each size and each launcher at least once."""
+    import doctest
+
+    import multirank
+    result = doctest.testmod(multirank)
+    assert result.attempted and not result.failed
+
+
 PUBLIC_MODULES = ["hvd_dssync", "hvd_dssync.schedules", "hvd_dssync.topology", "hvd_dssync.policy",
                   "hvd_dssync.plan", "hvd_dssync.simulate", "hvd_dssync.torch", "hvd_dssync.keras",
                   "hvd_dssync.keras.callbacks", "hvd_dssync.keras.elastic", "hvd_dssync.watchdog",

@@ -16,7 +16,7 @@ import pytest
 from hvd_dssync.bench.launchers import LAUNCHERS, head_command, launch_command, launch_env
 from hvd_dssync.bench.remote_shell import parse_ssh_args
 from hvd_dssync.bench.testbed import Testbed, namespaces_available
-from multirank import ROOT, WORKERS, JobFailed, kill_session
+from multirank import ROOT, WORKERS, JobFailed, crossed, kill_session
 
 _AVAILABLE, _WHY = namespaces_available()
 if _AVAILABLE and shutil.which("unshare") is None:  # each host's own hostname (hvd_dssync.bench.remote_shell)
@@ -123,8 +123,7 @@ def test_four_hosts_of_two_ranks_in_two_racks_under_horovodrun():
 
 @needs_namespaces
 @pytest.mark.multirank
-@pytest.mark.parametrize("framework", ["torch", "keras"])
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher,framework", crossed({"torch": "torch", "keras": "keras"}, LAUNCHERS))
 def test_across_two_hosts_of_two_ranks(two_hosts, launcher, framework):
     bed, agent_dir = two_hosts
     output = launch(bed, agent_dir, launcher, f"multihost_{framework}.py", SLOTS)

@@ -4,7 +4,6 @@ bad inputs, disagreeing ranks, a rank killed mid-training, checkpoint and resume
 Every job runs under a timeout and is killed with its whole process group (tests/multirank.py).
 """
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from hvd_dssync.plan import SyncPlan, agreement_fields, agreement_payload, check
 from hvd_dssync.process_sets import ProcessSetRegistry
 from hvd_dssync.schedules import UserSchedule
 from hvd_dssync.topology import Topology
-from multirank import LAUNCHERS, ROOT, WORKERS, job_env, kill_session, run
+from multirank import ROOT, WORKERS, crossed, job_env, kill_session, matrix, run
 
 
 # --- messages, without Horovod -------------------------------------------------------------------
@@ -149,7 +148,7 @@ def test_registry_forgets_its_sets_in_a_new_world():
 # --- multi-rank jobs -----------------------------------------------------------------------------
 
 MULTIRANK = pytest.mark.multirank
-SIZES = [pytest.param(launcher, np, id=f"{launcher}-np{np}") for launcher in LAUNCHERS for np in (2, 3)]
+SIZES = matrix(sizes=(2, 3))
 
 
 @MULTIRANK
@@ -160,12 +159,11 @@ def test_bad_inputs_raise_identically_before_any_communication(launcher, np):
     assert output.count("all checks passed") == np, output
 
 
-FRAMEWORKS = [pytest.param("reliability_train.py", id="torch"), pytest.param("reliability_keras.py", id="keras")]
+FRAMEWORKS = crossed({"torch": "reliability_train.py", "keras": "reliability_keras.py"})
 
 
 @MULTIRANK
-@pytest.mark.parametrize("worker", FRAMEWORKS)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher,worker", FRAMEWORKS)
 def test_killed_rank_stops_the_job(launcher, worker):
     """Rank 1 is SIGKILLed at step 10 of an endless loop; the job must fail, not hang, and say why."""
     started = time.monotonic()
@@ -178,8 +176,7 @@ def test_killed_rank_stops_the_job(launcher, worker):
 
 
 @MULTIRANK
-@pytest.mark.parametrize("worker", FRAMEWORKS)
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher,worker", FRAMEWORKS)
 def test_checkpoint_resume_is_bit_identical(launcher, worker, tmp_path):
     """Train 13 steps; or train 5, save, restart the job, resume to 13: every rank's weights bit-equal."""
     run(launcher, 3, worker, "full", "--steps", 13, "--dir", tmp_path, timeout=200)

@@ -8,7 +8,7 @@ from multirank import LAUNCHERS, ROOT, matrix, run
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("launcher,np", matrix())
+@pytest.mark.parametrize("launcher,np", matrix(both=(4,)))
 def test_semantics(launcher, np):
     """Group means step by step, schedule agreement, sync, drop-in arguments, policies, unnamed ops."""
     output = run(launcher, np, "torch_semantics.py", timeout=300)
@@ -119,7 +119,7 @@ def test_process_sets_and_fp16_compression(launcher, init):
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4, 8)), pytest.param("gloo", 16, id="gloo-np16"),
+@pytest.mark.parametrize("launcher,np", [*matrix(sizes=(2, 4, 8)), pytest.param("gloo", 16, id="gloo-np16", marks=pytest.mark.wide),
                                          pytest.param("mpi", 16, id="mpi-np16", marks=pytest.mark.wide)])
 def test_ranks_outside_the_optimizers_process_set_train_alone(launcher, np):
     """Every rank builds the optimizer of the even ranks' set: the odd ranks train alone and send nothing;
@@ -136,7 +136,7 @@ def test_ranks_building_with_different_process_sets_all_raise(launcher):
     assert output.count("all checks passed") == 8, output
 
 
-@pytest.mark.parametrize("launcher,np", matrix(sizes=(4,)))
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(4,), both=(4,)))
 def test_the_default_senses_one_host_and_keeps_its_schedule(launcher, np):
     """On one host (loopback) topology='auto' finds one host with no probe and keeps random groups."""
     output = run(launcher, np, "torch_sensing.py", timeout=240)
