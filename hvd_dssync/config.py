@@ -26,7 +26,7 @@ from .schedules.base import _check_int
 from .sensing import AUTO, Sensed
 from .topology import ENV_VAR as TOPOLOGY_ENV, Topology
 
-__all__ = ["SyncConfig", "resolve_schedule", "default_group_size", "default_average_every", "RACK_AVERAGE_EVERY",
+__all__ = ["SyncConfig", "config_of", "resolve_schedule", "default_group_size", "default_average_every", "RACK_AVERAGE_EVERY",
            "FLAT_AVERAGE_EVERY",
            "build_schedule", "arguments_for_world", "refuse_topology_in_process_set"]
 
@@ -245,13 +245,60 @@ _PLAN_KEYS = ("schedule", "num_groups", "group_size", "seed", "topology", "warmu
               "average_every", "schedule_options")
 
 
+def config_of(sync, keywords, in_process_set=False, unsupported=()):
+    """The :class:`SyncConfig` an adapter's optimizer (or ``init``, ``add_process_set_groups``) uses:
+    ``sync`` where given, else one built from DS-Sync's ``keywords`` (the adapter's keyword arguments,
+    named as the fields). With ``sync`` every keyword must keep its default: a value is given in one place.
+    ``unsupported`` names fields the adapter cannot act on; ``sync`` must leave them at their default or
+    off. The topology-aware schedule is refused inside a process set first
+    (:func:`refuse_topology_in_process_set`). No communication: every rank raises alike.
+
+    Example::
+
+        >>> config_of(None, {"num_groups": 2, "seed": 1}).num_groups
+        2
+        >>> config_of(SyncConfig(seed=7), {"seed": 0, "num_groups": None}).seed
+        7
+        >>> config_of(SyncConfig(seed=7), {"seed": 3})
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``sync`` holds DS-Sync's arguments; pass them there or as keywords, not both (got ``seed``).
+        >>> config_of(SyncConfig(overlap=True), {}, unsupported=("overlap",))
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``sync``: overlap=True is not supported by this adapter (PyTorch's only).
+    """
+    if sync is None:
+        refuse_topology_in_process_set(in_process_set, keywords.get("schedule"), keywords.get("topology", AUTO))
+        return SyncConfig(**keywords)
+    if not isinstance(sync, SyncConfig):
+        raise TypeError(f"Arg ``sync`` must be a hvd_dssync.SyncConfig or None, got {type(sync).__name__}.")
+    defaults = {f.name: f.default for f in fields(SyncConfig)}
+    given = [name for name, value in keywords.items() if not _is_default(value, defaults[name])]
+    if given:
+        raise ValueError("Arg ``sync`` holds DS-Sync's arguments; pass them there or as keywords, not both "
+                         f"(got {', '.join(f'``{name}``' for name in given)}).")
+    for name in unsupported:
+        value = getattr(sync, name)
+        if value:  # overlap None (decided by a trial) and 0.0 are off where the adapter has no such thing
+            raise ValueError(f"Arg ``sync``: {name}={value!r} is not supported by this adapter (PyTorch's only).")
+    refuse_topology_in_process_set(in_process_set, sync.schedule, sync.topology)
+    return sync
+
+
+def _is_default(value, default):
+    return value is default or (type(value) is type(default) and value == default)
+
+
 @dataclass(frozen=True)
 class SyncConfig:
     """DS-Sync's own arguments of one optimizer, validated when built; the errors name the argument.
 
     The fields are the keyword arguments both adapters' ``DistributedOptimizer`` take for DS-Sync, with
     their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``overlap``
-    and ``outer_momentum`` act in the PyTorch adapter only). ``schedule`` is a name in
+    and ``outer_momentum`` act in the PyTorch adapter only, and the Keras adapter refuses them). Build one,
+    and pass the same object as ``sync=`` to either adapter's ``DistributedOptimizer``, ``init`` and
+    ``add_process_set_groups``: one place for each value (:func:`config_of`). ``schedule`` is a name in
     ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``topology`` is
     racks, a :class:`hvd_dssync.topology.Topology`, None, or "auto" (sensed by :meth:`resolve`); ``policy`` is
     None, "fixed", "adaptive", an :class:`hvd_dssync.adaptive.AdaptivePolicy` or its ``config()``.
@@ -279,19 +326,21 @@ class SyncConfig:
         Traceback (most recent call last):
         ...
         ValueError: Pass exactly one of ``num_groups`` and ``group_size`` (got num_groups=2, group_size=2).
+        >>> SyncConfig() == SyncConfig(topology="auto", overlap=None)  # the optimizers' defaults
+        True
     """
     num_groups: object = None
     group_size: object = None
     seed: int = 0
     schedule: object = None
-    topology: object = None
+    topology: object = AUTO
     warmup_steps: int = 0
     global_every: int = 0
     average_every: object = None
     schedule_options: object = None
     policy: object = None
     outer_momentum: float = 0.0
-    overlap: object = False  # True, False, or None: decided by a trial (hvd_dssync.overlap; PyTorch)
+    overlap: object = None  # True, False, or None: decided by a trial (hvd_dssync.overlap; PyTorch)
     average_buffers: bool = True
     sparse_average: bool = True
 
@@ -349,6 +398,11 @@ class SyncConfig:
         return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups), sensed
 
     @property
+    def _racks(self):
+        """``topology``, with racks still to be sensed (``"auto"``, until :meth:`resolve`) as none."""
+        return None if _is_auto(self.topology) else self.topology
+
+    @property
     def _every(self):
         """``average_every``, with None (the default, until :meth:`resolve` chooses it) as every step."""
         return 1 if self.average_every is None else self.average_every
@@ -360,7 +414,7 @@ class SyncConfig:
     def plan_arguments(self):
         """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
         arguments = {key: getattr(self, key) for key in _PLAN_KEYS}
-        arguments["average_every"] = self._every
+        arguments["average_every"], arguments["topology"] = self._every, self._racks
         adaptive = self.adaptive()
         if adaptive is not None:
             arguments["adaptive"] = adaptive.config()
@@ -377,15 +431,18 @@ class SyncConfig:
         """
         data = self.to_dict()
         out = {key: data[key] for key in _PLAN_KEYS}
+        if _is_auto(self.topology):
+            out["topology"] = None
         adaptive = self.adaptive()
         if adaptive is not None:
             out["adaptive"] = adaptive.config()
         return out
 
     def schedule_for(self, world_size):
-        """The schedule of these arguments for ``world_size`` ranks (:func:`build_schedule`)."""
+        """The schedule of these arguments for ``world_size`` ranks (:func:`build_schedule`); racks still to
+        be sensed (``topology="auto"`` before :meth:`resolve`) count as none."""
         return build_schedule(world_size, self.schedule, self.num_groups, self.group_size, self.seed,
-                              self.topology, self.schedule_options)
+                              self._racks, self.schedule_options)
 
     def schedule_arguments(self):
         """The schedule's own arguments (``num_groups``, ``group_size``, ``seed``, ``schedule``,
@@ -425,7 +482,7 @@ class SyncConfig:
         optimizer keeps its configuration as built and asks again at each change, so that a world that grows
         back gets its sizes back."""
         capped = arguments_for_world({"schedule": self.schedule, "num_groups": self.num_groups,
-                                      "group_size": self.group_size, "topology": self.topology}, world_size)
+                                      "group_size": self.group_size, "topology": self._racks}, world_size)
         return replace(self, num_groups=capped["num_groups"], group_size=capped["group_size"])
 
     def to_dict(self):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_dssync.adaptive import AdaptivePolicy
-from hvd_dssync.config import FLAT_AVERAGE_EVERY, RACK_AVERAGE_EVERY, SyncConfig, build_schedule
+from hvd_dssync.config import FLAT_AVERAGE_EVERY, RACK_AVERAGE_EVERY, SyncConfig, build_schedule, config_of
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.schedules import Butterfly
 from hvd_dssync.topology import ENV_VAR, Topology
@@ -14,10 +14,44 @@ from hvd_dssync.topology import ENV_VAR, Topology
 def test_defaults_are_the_adapters():
     config = SyncConfig()
     assert (config.num_groups, config.group_size, config.seed, config.schedule, config.topology) == \
-        (None, None, 0, None, None)
+        (None, None, 0, None, "auto")
     assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, 0, None, None)
     assert (config.outer_momentum, config.overlap, config.average_buffers, config.sparse_average) == \
-        (0.0, False, True, True)
+        (0.0, None, True, True)
+
+
+# What each adapter's DistributedOptimizer passes to config_of when the user gives no DS-Sync argument.
+TORCH_DEFAULTS = dict(num_groups=None, group_size=None, seed=0, schedule=None, topology="auto", warmup_steps=0,
+                      global_every=0, average_every=None, schedule_options=None, policy=None, outer_momentum=0.0,
+                      overlap=None, average_buffers=True, sparse_average=True)
+KERAS_DEFAULTS = {k: v for k, v in TORCH_DEFAULTS.items() if k not in ("overlap", "outer_momentum")}
+
+
+def test_one_object_serves_both_adapters_and_refuses_a_second_value():
+    sync = SyncConfig(num_groups=2, seed=7, average_every=2)
+    assert config_of(sync, TORCH_DEFAULTS) is sync
+    assert config_of(sync, KERAS_DEFAULTS, unsupported=("overlap", "outer_momentum")) is sync
+    assert config_of(None, dict(TORCH_DEFAULTS, num_groups=2, seed=7, average_every=2)) == sync
+    for name, value in [("seed", 7), ("seed", np.int64(0)), ("topology", None), ("overlap", False),
+                        ("average_buffers", False), ("num_groups", 2)]:
+        with pytest.raises(ValueError, match=f"not both \\(got ``{name}``\\)"):
+            config_of(sync, dict(TORCH_DEFAULTS, **{name: value}))
+    with pytest.raises(TypeError, match="``sync`` must be a hvd_dssync.SyncConfig"):
+        config_of({"seed": 7}, TORCH_DEFAULTS)
+
+
+def test_the_keras_adapter_refuses_what_only_pytorch_does():
+    for sync in (SyncConfig(overlap=True), SyncConfig(outer_momentum=0.5)):
+        with pytest.raises(ValueError, match="not supported by this adapter .PyTorch's only."):
+            config_of(sync, KERAS_DEFAULTS, unsupported=("overlap", "outer_momentum"))
+    assert config_of(SyncConfig(overlap=False), KERAS_DEFAULTS, unsupported=("overlap",)).overlap is False
+
+
+def test_the_racks_are_refused_inside_a_process_set_either_way():
+    for sync, keywords in [(None, dict(TORCH_DEFAULTS, schedule="topology", topology=None)),
+                           (SyncConfig(schedule="topology", topology=None), TORCH_DEFAULTS)]:
+        with pytest.raises(ValueError, match="not supported inside a process set"):
+            config_of(sync, keywords, in_process_set=True)
 
 
 def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeypatch):

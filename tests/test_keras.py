@@ -52,7 +52,8 @@ def test_sparse_embedding_averaging_equals_dense():
 
 def test_process_sets_and_fp16_compression():
     """Two process sets train side by side in traced steps (exact group means); bad sets refused; fp16 keeps
-    updates below its resolution, within its error bound of the exact group means."""
+    updates below its resolution, within its error bound of the exact group means. One SyncConfig registers
+    the groups and builds the optimizers (``sync=``)."""
     # The ranks outside a set never build its optimizer there: its ranks' agreement gives up after 5 s.
     output = run("gloo", 4, "keras_process_sets.py", timeout=420, env={"HVD_DSSYNC_AGREE_SECONDS": "5"})
     assert output.count("all checks passed") == 4, output

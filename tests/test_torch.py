@@ -112,7 +112,8 @@ def test_sparse_benchmark_example_runs():
 @pytest.mark.parametrize("launcher,init", [("gloo", "dynamic"), ("mpi", "static")])
 def test_process_sets_and_fp16_compression(launcher, init):
     """Two process sets train side by side (exact group means, global ranks); bad sets refused; fp16 keeps
-    updates below its resolution, within its error bound of the exact group means."""
+    updates below its resolution, within its error bound of the exact group means. Static: one SyncConfig
+    registers the groups (``init(sync=)``) and builds the optimizers; dynamic: the keywords."""
     # The ranks outside a set never build its optimizer there: its ranks' agreement gives up after 5 s.
     output = run(launcher, 4, "torch_process_sets.py", "--init", init, timeout=300,
                  env={"HVD_DSSYNC_AGREE_SECONDS": "5"})

@@ -19,7 +19,6 @@ import os
 import shlex
 import shutil
 import stat
-import subprocess
 import sys
 
 __all__ = ["write_agent", "parse_ssh_args", "main"]

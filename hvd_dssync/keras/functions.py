@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import sensing
+from ..config import config_of
 from ..scope import add_process_set_groups as add_groups, scope_of
 from ..topology import host_name, job_topology as resolve_topology
 
@@ -113,12 +114,13 @@ def default_topology(schedule, num_groups, group_size, topology, schedule_option
 
 
 def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,
-                           schedule_options=None):
+                           schedule_options=None, sync=None):
     """Register the groups DS-Sync needs inside ``process_set`` as process sets (a collective).
 
     As ``hvd_dssync.torch.add_process_set_groups``: for ``DistributedOptimizer(..., process_set=ps)``, call it
     on *every* rank of the job, in the same order, with the optimizer's schedule arguments, before the
-    optimizer is built on the set's ranks.
+    optimizer is built on the set's ranks. ``sync``: the optimizer's :class:`hvd_dssync.SyncConfig`, instead
+    of the keywords.
 
     Example::
 
@@ -127,5 +129,6 @@ def add_process_set_groups(process_set, *, num_groups=None, group_size=None, see
         if ps.included():
             opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), process_set=ps, group_size=2, seed=0)
     """
-    add_groups(hvd, process_set, num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-               schedule_options=schedule_options)
+    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                     schedule_options=schedule_options)
+    add_groups(hvd, process_set, **(arguments if sync is None else config_of(sync, arguments).schedule_arguments()))

@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import build
-from ..config import SyncConfig, refuse_topology_in_process_set
+from ..config import config_of
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
@@ -380,7 +380,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          num_groups=0, groups=None, process_set=hvd.global_process_set, scale_local_gradients=True,
                          *, group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_non_trainable=True,
-                         schedule_options=None, policy=None, sparse_average=True):
+                         schedule_options=None, policy=None, sparse_average=True, sync=None):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: it takes the same arguments and
@@ -439,6 +439,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             adapter: the dense average's result, at a cost proportional to the rows in play. Needs SGD
             without momentum (or the legacy SGD's lazy momentum) or Adagrad; another optimizer, or a lossy
             ``compression``, averages densely. ``False``: dense.
+        sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
+            same object builds the PyTorch optimizer and registers the groups: :func:`init`,
+            :func:`add_process_set_groups`); with it, the keywords above keep their defaults. Its
+            ``overlap=True`` and ``outer_momentum`` are PyTorch's only and refused here.
 
     Example::
 
@@ -456,12 +460,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
     in_process_set = scope.world_size != hvd.size()
-    refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
-    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
-    config = SyncConfig(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
-                        topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                        average_every=average_every, schedule_options=schedule_options, policy=policy,
-                        average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average))
+    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.config_of).
+    config = config_of(sync, dict(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
+                                  topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                                  average_every=average_every, schedule_options=schedule_options, policy=policy,
+                                  average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average)),
+                       in_process_set, unsupported=("overlap", "outer_momentum"))
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
@@ -480,17 +484,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                     average_aggregated_gradients, scale_local_gradients)
         wrapped._dssync_outside_setup(sparse_as_dense)
         return wrapped
-    sync = StepSync(make_plan(config, scope=scope if in_process_set else None), compression=compression, op=op,
-                    gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
-                    device_dense=device_dense, name=op_name, config=config,
-                    scope=scope if in_process_set else None,
-                    process_set=process_set if in_process_set else hvd.global_process_set)
-    sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
+    step_sync = StepSync(make_plan(config, scope=scope if in_process_set else None), compression=compression,
+                         op=op, gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
+                         device_dense=device_dense, name=op_name, config=config,
+                         scope=scope if in_process_set else None,
+                         process_set=process_set if in_process_set else hvd.global_process_set)
+    step_sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
     wrapped = _optimizer_class(optimizer, _DSSyncOptimizer).from_config(optimizer.get_config())
     # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
     wrapped._dssync_local_setup(process_set, None, backward_passes_per_step, average_aggregated_gradients,
                                 scale_local_gradients)
-    wrapped._dssync_setup(sync, model,
+    wrapped._dssync_setup(step_sync, model,
                           {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                            "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,
                            "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,

@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import torch
 
 from .. import build
-from ..config import SyncConfig, refuse_topology_in_process_set
+from ..config import config_of
 from ..guards import check_nccl_process_sets
 from ..plan import SyncPlan, check_horovod_arguments
 from ..resense import watches
@@ -28,7 +28,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_buffers=True,
                          overlap=None, schedule_options=None, outer_momentum=0.0, policy=None,
-                         sparse_average=True):
+                         sparse_average=True, sync=None):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``hvd.DistributedOptimizer``: it takes the same arguments and returns an instance of
@@ -102,6 +102,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             this rank's rows in play. Needs an optimizer that changes only the rows it reports (SGD,
             SparseAdam, Adagrad); off with ``overlap=True`` or a lossy ``compression`` (and then no trial of
             overlap). False: dense.
+        sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
+            same object builds the Keras optimizer and registers the groups: :func:`init`,
+            :func:`add_process_set_groups`); with it, the keywords above keep their defaults.
 
     Example::
 
@@ -119,14 +122,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     in_process_set = scope.world_size != hvd.size()
-    refuse_topology_in_process_set(in_process_set, schedule, topology)  # before the arguments it makes moot
-    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.SyncConfig).
-    config = SyncConfig(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
-                        topology=topology, warmup_steps=warmup_steps, global_every=global_every,
-                        average_every=average_every, schedule_options=schedule_options, policy=policy,
-                        outer_momentum=outer_momentum, overlap=overlap, average_buffers=bool(average_buffers),
-                        sparse_average=bool(sparse_average))
-    if overlap and compression is not hvd.Compression.none:
+    # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.config_of).
+    config = config_of(sync, dict(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
+                                  topology=topology, warmup_steps=warmup_steps, global_every=global_every,
+                                  average_every=average_every, schedule_options=schedule_options, policy=policy,
+                                  outer_momentum=outer_momentum, overlap=overlap,
+                                  average_buffers=bool(average_buffers), sparse_average=bool(sparse_average)),
+                       in_process_set)
+    if config.overlap and compression is not hvd.Compression.none:
         raise ValueError("Arg ``compression`` is not supported with overlap=True.")
     named_parameters = check_named_parameters(optimizer, named_parameters)
     # topology="auto": the racks sensed (hvd_dssync.sensing), or None where there is one rack; where they were

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .. import sensing
-from ..config import SyncConfig
+from ..config import SyncConfig, config_of
 from ..process_sets import enable_dynamic_process_sets, registry_for, use_static_process_sets
 from ..scope import add_process_set_groups as add_groups, process_set_groups, scope_of
 from ..topology import Topology, host_name, job_topology as resolve_topology, round_robin_pairings
@@ -175,7 +175,7 @@ STATIC_SETS_PER_RANK = 8  # the most static sets one rank joins in :func:`init`,
 
 
 def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
-         world_size=None, schedule_options=None, process_sets=None):
+         world_size=None, schedule_options=None, process_sets=None, sync=None):
     """``hvd.init()`` with the schedule's process sets registered statically where possible.
 
     Static process sets (``hvd.init(process_sets=...)``) cost less on every Horovod cycle than dynamic
@@ -194,15 +194,24 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     each of them (``DistributedOptimizer(..., process_set=ps)``): those sets and each one's groups are
     registered, statically, instead of the whole job's groups. Call it on every rank.
 
-    The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``.
+    The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``. ``sync``: the
+    :class:`hvd_dssync.SyncConfig` the optimizer will take, instead of the schedule's keywords (its
+    ``topology``, "auto" unless set, counts as given).
 
     Example::
 
         dss.init(schedule="butterfly")
         opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="butterfly")
+
+        sync = hvd_dssync.SyncConfig(schedule="butterfly", seed=1)   # or one object for both
+        dss.init(sync=sync)
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sync=sync)
     """
     arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                      schedule_options=schedule_options)
+    if sync is not None:
+        config = config_of(sync, arguments if topology is None else dict(arguments, topology=topology))
+        arguments, topology = config.schedule_arguments(), config.topology
     if process_sets is not None:
         _init_with_process_sets(comm, list(process_sets), arguments)
         return
@@ -245,13 +254,14 @@ def _init_with_process_sets(comm, process_sets, schedule_arguments):
 
 
 def add_process_set_groups(process_set, *, num_groups=None, group_size=None, seed=0, schedule=None,
-                           schedule_options=None):
+                           schedule_options=None, sync=None):
     """Register the groups DS-Sync needs inside ``process_set`` as dynamic process sets (a collective).
 
     For :func:`DistributedOptimizer` with ``process_set=``: ``hvd.add_process_set`` involves every rank of
     the job, so call this on *every* rank, in the same order, with the optimizer's schedule arguments;
     the optimizer itself (on the set's ranks only) then finds its groups registered. :func:`init` with
-    ``process_sets=`` does the same statically, at ``hvd.init``.
+    ``process_sets=`` does the same statically, at ``hvd.init``. ``sync``: the optimizer's
+    :class:`hvd_dssync.SyncConfig`, instead of the keywords.
 
     Example::
 
@@ -262,8 +272,9 @@ def add_process_set_groups(process_set, *, num_groups=None, group_size=None, see
             opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            process_set=ps, group_size=2, seed=0)
     """
-    add_groups(hvd, process_set, num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-               schedule_options=schedule_options)
+    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
+                     schedule_options=schedule_options)
+    add_groups(hvd, process_set, **(arguments if sync is None else config_of(sync, arguments).schedule_arguments()))
 
 
 def _launcher_world_size(comm):

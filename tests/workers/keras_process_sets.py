@@ -3,16 +3,22 @@
 As ``torch_process_sets.py``, with the group chosen in one traced step: process set A = {1, 2, 3} trains
 in groups of 2 while rank 0 trains alone in B = {0}; sets {0, 2} and {1, 3} train side by side with a
 warm-up and global averages; bad process sets are refused; fp16 compression keeps updates far below its
-resolution, within its error bound of the exact group means. Every check raises on failure.
+resolution, within its error bound of the exact group means. DS-Sync's arguments are one
+``hvd_dssync.SyncConfig`` passed as ``sync=`` (registering the groups and building the optimizers), but
+where a refusal of the keywords is checked and in the fp16 part. Every check raises on failure.
 """
+from dataclasses import replace
+
 import common
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
 from common import check, expect_error, simulate
+from hvd_dssync import SyncConfig
 
 SCHEDULE = dict(group_size=2, seed=7)
+SYNC = SyncConfig(**SCHEDULE)
 RANK = None
 
 
@@ -31,11 +37,16 @@ def stepper(model, opt, gradient):
     return step
 
 
+def arguments(**kwargs):
+    """DS-Sync's arguments as ``sync=``: one SyncConfig (keywords where the topology's refusal is checked)."""
+    return dict(SCHEDULE, **kwargs) if "topology" in kwargs else {"sync": replace(SYNC, **kwargs)}
+
+
 def train_inside(process_set, steps, lr, **kwargs):
     ranks = sorted(process_set.ranks)
     model = model_at(float(RANK))
     opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(lr), process_set=process_set, model=model,
-                                   **SCHEDULE, **kwargs)
+                                   **arguments(**kwargs))
     start = {r: float(r) for r in ranks}  # rank r starts at r, with gradient r
     history = simulate(ranks, opt.schedule, opt.policy, start, start, lr, steps)
     step = stepper(model, opt, float(RANK))
@@ -103,7 +114,7 @@ def main():
     check(hvd.size() == 4, "run this job on 4 ranks")
     sets = [hvd.add_process_set(s) for s in ([1, 2, 3], [0], [0, 2], [1, 3])]
     for s in sets:
-        dss.add_process_set_groups(s, **SCHEDULE)
+        dss.add_process_set_groups(s, sync=SYNC)
     check_process_sets(sets)
     check_fp16_keeps_small_updates()
     hvd.allreduce(tf.zeros(1), name="test_end")

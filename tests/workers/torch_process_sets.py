@@ -8,15 +8,24 @@ stays within its error bound of the exact group means. ``--init static`` registe
 ``dss.add_process_set_groups``. Every check raises on failure.
 """
 import argparse
+from dataclasses import replace
 
 import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
 from common import check, expect_error, simulate
+from hvd_dssync import SyncConfig
 from torch_semantics import rank_valued  # (this folder)
 
 SCHEDULE = dict(group_size=2, seed=7)
+SYNC = None  # --init static: DS-Sync's arguments as one SyncConfig, passed as sync= to init and the optimizers
+
+
+def arguments(**kwargs):
+    """DS-Sync's arguments: keywords, or ``sync=`` one SyncConfig (--init static; keywords where the
+    topology's refusal is checked)."""
+    return dict(SCHEDULE, **kwargs) if SYNC is None or "topology" in kwargs else {"sync": replace(SYNC, **kwargs)}
 RANK = None
 
 
@@ -31,7 +40,7 @@ def train_inside(process_set, steps, lr, **kwargs):
     model = rank_valued(torch.nn.Linear(3, 1), RANK)
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), process_set=process_set,
-                                   **SCHEDULE, **kwargs)
+                                   **arguments(**kwargs))
     history = simulate(ranks, opt.schedule, opt.policy, {r: float(r) for r in ranks},
                        {r: float(r) for r in ranks}, lr, steps)
     for t in range(steps):
@@ -54,7 +63,7 @@ def check_process_sets(sets):
     state = opt.state_dict()
     check(state["dssync"]["config"]["schedule"]["world_size"] == len(mine.ranks), "checkpoint's world")
     resumed = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                       named_parameters=model.named_parameters(), process_set=mine, **SCHEDULE)
+                                       named_parameters=model.named_parameters(), process_set=mine, **arguments())
     resumed.load_state_dict(state)
     check(resumed.sync_step == 6, f"resumed at step {resumed.sync_step}")
     before = [p.detach().clone() for p in model.parameters()]
@@ -98,7 +107,7 @@ def check_fp16_keeps_small_updates(process_set=hvd.global_process_set):
         model.weight.fill_(1.0)
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), compression=hvd.Compression.fp16,
-                                   global_every=3, **SCHEDULE)
+                                   **arguments(global_every=3))
     grads = torch.arange(1.0, size + 1)
     reference = None
     for t in range(steps):
@@ -126,13 +135,14 @@ def check_fp16_keeps_small_updates(process_set=hvd.global_process_set):
 
 
 def main():
-    global RANK
+    global RANK, SYNC
     parser = argparse.ArgumentParser()
     parser.add_argument("--init", choices=("static", "dynamic"), default="dynamic")
     args = parser.parse_args()
     sets = [hvd.ProcessSet(r) for r in ([1, 2, 3], [0], [0, 2], [1, 3])]
     if args.init == "static":
-        dss.init(process_sets=sets, **SCHEDULE)
+        SYNC = SyncConfig(**SCHEDULE)
+        dss.init(process_sets=sets, sync=SYNC)
     else:
         hvd.init()
         sets = [hvd.add_process_set(s) for s in sets]
