@@ -55,7 +55,7 @@ class KerasState(hvd_elastic.KerasState):
     def reset(self):
         super().reset()
         for optimizer in _dssync_optimizers(self.optimizer, getattr(self.model, "optimizer", None)):
-            optimizer._dssync_new_world()
+            optimizer.follow_world()
         # Keras 2 retraces the step at the next fit/train_on_batch (make_train_function).
         self.model.train_function = None
 
@@ -65,6 +65,6 @@ def _dssync_optimizers(*candidates):
     found = []
     for optimizer in candidates:
         optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-        if hasattr(optimizer, "_dssync_new_world") and all(optimizer is not f for f in found):
+        if hasattr(optimizer, "follow_world") and all(optimizer is not f for f in found):
             found.append(optimizer)
     return found

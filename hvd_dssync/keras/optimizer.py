@@ -23,11 +23,10 @@ from ..config import config_of
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
-from . import sync as _sync
 from .functions import allgather_job_rows, default_topology, job_topology
 from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
-from .sync import StepSync, make_plan
+from .sync import StepSync, make_plan, skip_instance
 
 __all__ = ["DistributedOptimizer", "step_sync_of"]
 
@@ -51,6 +50,16 @@ class _LocalSteps:
     :class:`.outside.OutsideProcessSet` on the others (see :func:`_optimizer_class`).
     """
 
+    @classmethod
+    def wrapping(cls, optimizer, local, **setup):
+        """A new optimizer of this class from ``optimizer``'s configuration (as Horovod builds its own), set up
+        in one step: ``local`` are :meth:`_dssync_local_setup`'s arguments, ``setup`` the mixin's
+        ``_dssync_setup``'s (:func:`DistributedOptimizer` calls it)."""
+        wrapped = cls.from_config(optimizer.get_config())
+        wrapped._dssync_local_setup(*local)
+        wrapped._dssync_setup(**setup)
+        return wrapped
+
     def _dssync_local_setup(self, process_set, set_size, passes, average_aggregated, scale_local_gradients):
         self._dssync_passes = passes
         self._dssync_average_aggregated = average_aggregated
@@ -62,7 +71,8 @@ class _LocalSteps:
         self._dssync_local_vars = set()
         # Horovod's attributes that scripts read, with their DS-Sync meaning (docs/keras.md).
         object.__setattr__(self, "_local_vars", self._dssync_local_vars)
-        object.__setattr__(self, "_agg_helper", None if passes == 1 else _PassAggregation(self))
+        object.__setattr__(self, "_agg_helper", None if passes == 1 else
+                           _PassAggregation(self, passes, average_aggregated, self._dssync_local_vars))
         self.process_set = process_set
         self.scale_local_gradients = scale_local_gradients
 
@@ -305,8 +315,9 @@ class _DSSyncOptimizer(_LocalSteps):
                          if v.dtype.is_floating and v.ref() not in seen]
         return averaged
 
-    def _dssync_new_world(self):
-        """Rebuild the schedule for Horovod's current world (after an elastic reset); no communication."""
+    def follow_world(self):
+        """Rebuild the schedule for Horovod's current world after an elastic reset (:class:`.elastic.KerasState`
+        calls it); no communication."""
         self._dssync.rebuild()
 
 
@@ -316,20 +327,16 @@ class _PassAggregation:
     The accumulation itself runs in the optimizer (``_dssync_accumulate``).
     """
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, passes, average_aggregated_gradients, local_vars):
         self._optimizer = weakref.ref(optimizer)
-        self.backward_passes_per_step = optimizer._dssync_passes
-        self.average_aggregated_gradients = optimizer._dssync_average_aggregated
+        self.backward_passes_per_step = passes
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self._local_vars = local_vars  # the optimizer's set (Horovod's helper keeps them with passes > 1)
 
     @property
     def counter(self):
         """Passes since the last applied step, as Horovod's counter."""
         return tf.math.floormod(self._optimizer().iterations, self.backward_passes_per_step)
-
-    @property
-    def _local_vars(self):
-        """The optimizer's local variables (Horovod's helper keeps them when ``backward_passes_per_step`` > 1)."""
-        return self._optimizer()._dssync_local_vars
 
     def register_local_var(self, var):
         self._optimizer().register_local_var(var)
@@ -478,27 +485,22 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras", take=False,
                            allgather_rows=allgather_job_rows)
         # The set's ranks number their DS-Sync objects for op names; a later optimizer's names must match.
-        next(_sync._instances)
-        wrapped = _optimizer_class(optimizer, OutsideProcessSet).from_config(optimizer.get_config())
-        wrapped._dssync_local_setup(process_set, scope.world_size, backward_passes_per_step,
-                                    average_aggregated_gradients, scale_local_gradients)
-        wrapped._dssync_outside_setup(sparse_as_dense)
-        return wrapped
+        skip_instance()
+        return _optimizer_class(optimizer, OutsideProcessSet).wrapping(
+            optimizer, (process_set, scope.world_size, backward_passes_per_step, average_aggregated_gradients,
+                        scale_local_gradients), sparse_as_dense=sparse_as_dense)
     step_sync = StepSync(make_plan(config, scope=scope if in_process_set else None), compression=compression,
                          op=op, gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
                          device_dense=device_dense, name=op_name, config=config,
                          scope=scope if in_process_set else None,
                          process_set=process_set if in_process_set else hvd.global_process_set)
     step_sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
-    wrapped = _optimizer_class(optimizer, _DSSyncOptimizer).from_config(optimizer.get_config())
+    options = {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
+               "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,
+               "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
+               "average_aggregated_gradients": average_aggregated_gradients, "sparse_average": config.sparse_average,
+               "scale_local_gradients": bool(scale_local_gradients)}
     # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
-    wrapped._dssync_local_setup(process_set, None, backward_passes_per_step, average_aggregated_gradients,
-                                scale_local_gradients)
-    wrapped._dssync_setup(step_sync, model,
-                          {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
-                           "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,
-                           "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
-                           "average_aggregated_gradients": average_aggregated_gradients,
-                           "sparse_average": config.sparse_average,
-                           "scale_local_gradients": bool(scale_local_gradients)})
-    return wrapped
+    return _optimizer_class(optimizer, _DSSyncOptimizer).wrapping(
+        optimizer, (process_set, None, backward_passes_per_step, average_aggregated_gradients, scale_local_gradients),
+        sync=step_sync, model=model, options=options)

@@ -23,7 +23,7 @@ class OutsideProcessSet:
         model.fit(x, y)                                        # this rank's own updates, nothing sent
     """
 
-    def _dssync_outside_setup(self, sparse_as_dense):
+    def _dssync_setup(self, sparse_as_dense):
         self._dssync_sparse_as_dense = sparse_as_dense
 
     def _allreduce_grads(self, grads, vars=None):

@@ -39,11 +39,17 @@ from .sparse_rows import SparseRows
 from .step_guard import StepGuard
 from .switch import KEEP_BRANCH, Switch
 
-__all__ = ["StepSync", "make_plan"]
+__all__ = ["StepSync", "make_plan", "skip_instance"]
 
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
 _instances = itertools.count()
+
+
+def skip_instance():
+    """Take the next StepSync number without building one: a rank outside an optimizer's process set, whose
+    set's ranks build one there, so that every rank's later StepSync objects keep the same op names."""
+    next(_instances)
 
 
 class StepSync:

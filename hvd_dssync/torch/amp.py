@@ -23,11 +23,14 @@ def amp_scaling(optimizer):
         with amp_scaling(optimizer) as (grad_scale, found_inf):
             ...
     """
-    hidden = {key: optimizer.__dict__.pop(key) for key in ("grad_scale", "found_inf") if key in optimizer.__dict__}
+    hidden = {key: getattr(optimizer, key) for key in ("grad_scale", "found_inf") if hasattr(optimizer, key)}
+    for key in hidden:
+        delattr(optimizer, key)
     try:
         yield hidden.get("grad_scale"), hidden.get("found_inf")
     finally:
-        optimizer.__dict__.update(hidden)
+        for key, value in hidden.items():
+            setattr(optimizer, key, value)
 
 
 def unscale_gradients(param_groups, grad_scale):

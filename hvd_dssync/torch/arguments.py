@@ -1,9 +1,14 @@
 """Horovod's rules for the PyTorch optimizer's arguments and calls, as ``hvd.DistributedOptimizer`` has them."""
-import sys
+from horovod.torch import optimizer as hvd_optimizer
 
-from horovod.torch import functions as hvd_functions
+__all__ = ["SYNCHRONIZE_WARNING", "check_named_parameters", "HOROVOD_WRAPPER_MODULE"]
 
-__all__ = ["SYNCHRONIZE_WARNING", "check_named_parameters", "called_by_horovod_to_create_state"]
+# ``hvd.broadcast_optimizer_state`` fills an empty optimizer state with a zero-gradient step on every rank;
+# for an optimizer whose class is in this module (a distributed wrapper: Horovod's own) it steps the wrapped
+# optimizer's class directly, ``super(type(opt), opt).step()``, rather than the wrapper's step, which would
+# communicate. The wrapper classes DS-Sync builds name this module, so that no such step averages or
+# advances the schedule.
+HOROVOD_WRAPPER_MODULE = hvd_optimizer.DistributedOptimizer.__module__
 
 # Horovod's warning, word for word, so that scripts see what they know.
 SYNCHRONIZE_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -31,15 +36,3 @@ def check_named_parameters(optimizer, named_parameters):
                          "unnamed; pass model.named_parameters() for the model the optimizer trains.")
     return named_parameters
 
-
-def called_by_horovod_to_create_state():
-    """Whether ``step()`` is called by ``hvd.broadcast_optimizer_state`` to create the optimizer's state."""
-    # Our step() is reached through torch's profiling wrapper, so look a few frames up.
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return False
-        if frame.f_code is hvd_functions.broadcast_optimizer_state.__code__:
-            return True
-        frame = frame.f_back
-    return False

@@ -14,7 +14,7 @@ from ..guards import check_nccl_process_sets
 from ..plan import SyncPlan, check_horovod_arguments
 from ..resense import watches
 from ..scope import acquire_registered
-from .arguments import check_named_parameters
+from .arguments import HOROVOD_WRAPPER_MODULE, check_named_parameters
 from .functions import _default_topology, allgather_job_rows, job_topology
 from .optimizer import DSSyncOptimizer
 from .outside import OutsideProcessSet
@@ -151,9 +151,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     if scope.outside:
         acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
                            take=False, allgather_rows=allgather_job_rows)
-        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(OutsideProcessSet.__dict__))
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(OutsideProcessSet.__dict__, __module__=HOROVOD_WRAPPER_MODULE))
         return cls(optimizer.param_groups, process_set, backward_passes_per_step)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(DSSyncOptimizer.__dict__))
+    # Named Horovod's wrapper module, so that hvd.broadcast_optimizer_state creates the state without a
+    # DS-Sync step (hvd_dssync.torch.arguments.HOROVOD_WRAPPER_MODULE), as for Horovod's own optimizer.
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(DSSyncOptimizer.__dict__, __module__=HOROVOD_WRAPPER_MODULE))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, sparse_as_dense,
                   process_set if in_process_set else hvd.global_process_set, config, plan, model, scope, sensed,

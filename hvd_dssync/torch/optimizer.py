@@ -34,7 +34,7 @@ from ..world import Done, World
 from . import collectives
 from .adaptive_step import AdaptiveStep
 from .amp import amp_scaling, gradients_overflow, unscale_gradients
-from .arguments import SYNCHRONIZE_WARNING, called_by_horovod_to_create_state
+from .arguments import SYNCHRONIZE_WARNING
 from .averaging import Averaging
 from .checkpoint import check_dssync_state, dssync_state, load_dssync_state
 from .exit import watch_until_exit
@@ -131,10 +131,6 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         return self._plan.policy
 
     def step(self, closure=None):
-        if called_by_horovod_to_create_state():
-            # hvd.broadcast_optimizer_state fills empty state with a zero-gradient step on every
-            # rank; it is no training step, so it neither averages nor advances the schedule.
-            return super(self.__class__, self).step(closure)
         note_step(self)  # which optimizers a training iteration steps, and in what order (hvd.join())
         return self._take_step(closure)
 
