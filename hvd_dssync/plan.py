@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .adaptive import AdaptivePolicy, AdaptiveState
-from .config import SyncConfig, arguments_for_world, build_schedule, default_group_size, resolve_schedule
+from .config import SyncConfig
+from .resolution import arguments_for_world, build_schedule, default_group_size, resolve_schedule
 from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
 from .scope import scope_of
 

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import build_schedule
+from .resolution import build_schedule
 from .process_sets import _horovod_table, elastic_job, registry_for
 
 __all__ = ["Scope", "scope_of", "process_set_groups", "add_process_set_groups", "acquire_registered"]

@@ -24,6 +24,7 @@ from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
 from .functions import allgather_job_rows, default_topology, job_topology
+from .local_steps import LocalSteps
 from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan, skip_instance
@@ -43,133 +44,7 @@ def step_sync_of(optimizer):
     return getattr(getattr(optimizer, "inner_optimizer", optimizer), "_dssync", None)
 
 
-class _LocalSteps:
-    """What every rank's optimizer does alone: its own gradients, local variables, ``backward_passes_per_step``.
-
-    Mixed in below :class:`_DSSyncOptimizer` on the ranks of the optimizer's process set and below
-    :class:`.outside.OutsideProcessSet` on the others (see :func:`_optimizer_class`).
-    """
-
-    @classmethod
-    def wrapping(cls, optimizer, local, **setup):
-        """A new optimizer of this class from ``optimizer``'s configuration (as Horovod builds its own), set up
-        in one step: ``local`` are :meth:`_dssync_local_setup`'s arguments, ``setup`` the mixin's
-        ``_dssync_setup``'s (:func:`DistributedOptimizer` calls it)."""
-        wrapped = cls.from_config(optimizer.get_config())
-        wrapped._dssync_local_setup(*local)
-        wrapped._dssync_setup(**setup)
-        return wrapped
-
-    def _dssync_local_setup(self, process_set, set_size, passes, average_aggregated, scale_local_gradients):
-        self._dssync_passes = passes
-        self._dssync_average_aggregated = average_aggregated
-        # Horovod divides a local variable's gradient by the size of the optimizer's process set; None: the
-        # size of DS-Sync's world, read when the step is traced.
-        self._dssync_set_size = set_size
-        # Gradient sums between applied steps; left out of Keras' tracking, so never saved (as Horovod's).
-        object.__setattr__(self, "_dssync_sums", {})
-        self._dssync_local_vars = set()
-        # Horovod's attributes that scripts read, with their DS-Sync meaning (docs/keras.md).
-        object.__setattr__(self, "_local_vars", self._dssync_local_vars)
-        object.__setattr__(self, "_agg_helper", None if passes == 1 else
-                           _PassAggregation(self, passes, average_aggregated, self._dssync_local_vars))
-        self.process_set = process_set
-        self.scale_local_gradients = scale_local_gradients
-
-    @property
-    def sync_step(self):
-        """The DS-Sync step: the number of applied steps, ``iterations // backward_passes_per_step``.
-
-        As with Horovod, ``iterations`` counts every pass, also those that only accumulate gradients.
-        """
-        return int(self.iterations.numpy()) // self._dssync_passes
-
-    def compute_gradients(self, loss, var_list, tape=None):
-        """This rank's own gradients, as :meth:`_compute_gradients`."""
-        return self._compute_gradients(loss, var_list, None, tape)
-
-    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-        """This rank's own gradients: unlike Horovod's, not allreduced (DS-Sync averages models instead).
-
-        Horovod's optimizers have it under both names, for both kinds of Keras optimizer; so does this one.
-        """
-        base = super(self.__class__, self)
-        if hasattr(base, "_compute_gradients"):
-            return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
-        return base.compute_gradients(loss, var_list, tape=tape)
-
-    def register_local_var(self, var):
-        """Keep ``var`` local to this rank, as Horovod: its gradient is never allreduced and it is never averaged.
-
-        With ``scale_local_gradients`` (the default, as in Horovod) its gradient is divided by the size of the
-        optimizer's process set when applied.
-        """
-        self._dssync_local_vars.add(var.ref())
-
-    def _dssync_scale_local(self, grads, variables):
-        """``grads`` with those of local variables divided by the process set's size (``scale_local_gradients``).
-
-        Horovod does it where it allreduces the others, after summing the passes; a division commutes with
-        the sum, so here it is done to the gradients applied.
-        """
-        size = self._dssync_set_size or self._dssync.plan.world_size
-        if not self.scale_local_gradients or not self._dssync_local_vars or size == 1:
-            return list(grads)
-        out = list(grads)
-        for i, (g, v) in enumerate(zip(grads, variables)):
-            if g is None or v.ref() not in self._dssync_local_vars:
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                out[i] = tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-            else:
-                out[i] = g / size
-        return out
-
-    def _dssync_accumulate(self, grads, variables, averaged, args, kwargs):
-        """``backward_passes_per_step`` > 1, as Horovod: sum this pass's gradients; step on every last pass.
-
-        The other passes only count themselves in ``iterations``. The step applies the sum (the mean with
-        ``average_aggregated_gradients``) with :meth:`_dssync_step`, at step ``iterations //
-        backward_passes_per_step``.
-        """
-        passes = self._dssync_passes
-        with tf.init_scope():
-            # The wrapped optimizer's variables must exist before its update is traced inside tf.cond.
-            if hasattr(self, "_create_all_weights"):
-                self._create_all_weights(variables)
-            else:
-                self.build(variables)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        sums = [self._dssync_sum(variables[i]) for i in present]
-        added = [s.assign_add(tf.convert_to_tensor(grads[i])) for s, i in zip(sums, present)]
-        last = tf.equal(tf.math.floormod(self.iterations + 1, passes), 0)
-
-        def step():
-            total = list(grads)
-            for s, i in zip(sums, present):
-                total[i] = s / passes if self._dssync_average_aggregated else tf.identity(s)
-            done = self._dssync_step(total, variables, averaged, self.iterations // passes, args, kwargs)
-            with tf.control_dependencies([d for d in done if d is not None]):
-                cleared = [s.assign(tf.zeros_like(s)) for s in sums]
-            with tf.control_dependencies(cleared):
-                return tf.identity(self.iterations)
-
-        def count():
-            return tf.identity(self.iterations.assign_add(1))
-
-        with tf.control_dependencies(added):
-            return tf.cond(last, step, count)
-
-    def _dssync_sum(self, variable):
-        key = variable.ref()
-        if key not in self._dssync_sums:
-            with tf.init_scope():
-                self._dssync_sums[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                                     name="dssync_gradient_sum")
-        return self._dssync_sums[key]
-
-
-class _DSSyncOptimizer(_LocalSteps):
+class _DSSyncOptimizer(LocalSteps):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer` on the process set's ranks."""
 
     def _dssync_setup(self, sync, model, options):
@@ -321,27 +196,6 @@ class _DSSyncOptimizer(_LocalSteps):
         self._dssync.rebuild()
 
 
-class _PassAggregation:
-    """``opt._agg_helper`` with ``backward_passes_per_step`` > 1: Horovod's helper's readable attributes.
-
-    The accumulation itself runs in the optimizer (``_dssync_accumulate``).
-    """
-
-    def __init__(self, optimizer, passes, average_aggregated_gradients, local_vars):
-        self._optimizer = weakref.ref(optimizer)
-        self.backward_passes_per_step = passes
-        self.average_aggregated_gradients = average_aggregated_gradients
-        self._local_vars = local_vars  # the optimizer's set (Horovod's helper keeps them with passes > 1)
-
-    @property
-    def counter(self):
-        """Passes since the last applied step, as Horovod's counter."""
-        return tf.math.floormod(self._optimizer().iterations, self.backward_passes_per_step)
-
-    def register_local_var(self, var):
-        self._optimizer().register_local_var(var)
-
-
 def _calling_model(optimizer):
     """The Keras model whose ``train_step`` is tracing this optimizer's step, if any.
 
@@ -362,12 +216,12 @@ def _calling_model(optimizer):
 
 
 def _optimizer_class(optimizer, mixin):
-    """The user's optimizer class with ``mixin``'s methods (and its bases', below :class:`_LocalSteps`).
+    """The user's optimizer class with ``mixin``'s methods (and its bases', below :class:`LocalSteps`).
 
     The same class name and module, so a saved model names the plain optimizer (as Horovod's).
     """
     methods = {}
-    for klass in (_LocalSteps, mixin):
+    for klass in (LocalSteps, mixin):
         methods.update({k: v for k, v in klass.__dict__.items() if k not in ("__dict__", "__weakref__")})
     methods["__module__"] = optimizer.__class__.__module__
     return type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
