@@ -20,9 +20,8 @@ from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_s
 from .sensing import AUTO, Sensed
 from .topology import Topology
 
-__all__ = ["SyncConfig", "config_of", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY",
-           "resolve_schedule", "default_group_size", "build_schedule", "arguments_for_world",
-           "refuse_topology_in_process_set"]
+# hvd_dssync.resolution's functions are importable from here too.
+__all__ = ["SyncConfig", "config_of", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
 # given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
@@ -281,9 +280,9 @@ class SyncConfig:
     def startup_schedule(self, world_size):
         """The schedule of these arguments for ``world_size`` ranks where it is known before Horovod starts
         (what ``hvd_dssync.torch.init`` registers then), else ``None``: the world size is unknown (``None``
-        or 0), the racks are to be sensed (``topology="auto"``), or the topology-aware schedule has racks
-        given otherwise than as ranks (host names in JSON or a file, ``HVD_DSSYNC_TOPOLOGY``, or none: one
-        rack a host), which only the job can resolve. No communication.
+        or 0), the racks are to be sensed (``topology="auto"`` and no argument names the schedule), or the
+        topology-aware schedule has racks given otherwise than as ranks (host names in JSON or a file,
+        ``HVD_DSSYNC_TOPOLOGY``, or none: one rack a host), which only the job can resolve. No communication.
 
         Example::
 
@@ -292,10 +291,11 @@ class SyncConfig:
             >>> SyncConfig(topology="auto").startup_schedule(4) is None, SyncConfig().startup_schedule(None)
             (True, None)
         """
-        if not world_size or _is_auto(self.topology):
+        named = (self.schedule, self.num_groups, self.group_size, self.schedule_options) != (None,) * 4
+        if not world_size or (_is_auto(self.topology) and not named):  # "auto" senses where nothing names one
             return None
-        schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, self.topology)[0]
-        if schedule == "topology" and not isinstance(self.topology, (list, Topology)):
+        schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, self._racks)[0]
+        if schedule == "topology" and not isinstance(self._racks, (list, Topology)):
             return None
         return self.schedule_for(world_size)
 
