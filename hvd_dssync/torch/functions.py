@@ -195,8 +195,8 @@ def init(comm=None, *, num_groups=None, group_size=None, seed=0, schedule=None, 
     registered, statically, instead of the whole job's groups. Call it on every rank.
 
     The world size is read from the launcher's environment (horovodrun, mpirun) or ``comm``. ``sync``: the
-    :class:`hvd_dssync.SyncConfig` the optimizer will take, instead of the schedule's keywords (its
-    ``topology``, "auto" unless set, counts as given).
+    :class:`hvd_dssync.SyncConfig` the optimizer will take, instead of the keywords (with its default
+    ``topology="auto"`` and no schedule named, the groups are left to the optimizer's sensing: dynamic sets).
 
     Example::
 
