@@ -7,20 +7,19 @@ same way). The optimizer keeps the result as one object: its plan is built from 
 (``SyncPlan.from_config``), checkpoints record it (:meth:`SyncConfig.plan_data`; :meth:`SyncConfig.to_dict`
 turns it all into plain data), and an elastic change of world follows it (:meth:`SyncConfig.for_world`).
 
-The schedule arguments resolve the same way for every caller (:mod:`hvd_dssync.resolution`, whose functions
-are re-exported here), and :func:`default_average_every` chooses the default period: pure functions of
-their arguments, so every rank decides alike, without communicating.
+The schedule arguments resolve the same way for every caller (:mod:`hvd_dssync.resolution`), and
+:func:`default_average_every` chooses the default period: pure functions of their arguments, so every rank
+decides alike, without communicating.
 """
 from dataclasses import dataclass, fields, replace
 
 from .adaptive import AdaptivePolicy
 from .policy import Policy
-from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_schedule, default_group_size,
+from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_schedule,
                          refuse_topology_in_process_set, resolve_schedule)
 from .sensing import AUTO, Sensed
 from .topology import Topology
 
-# hvd_dssync.resolution's functions are importable from here too.
 __all__ = ["SyncConfig", "config_of", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or

@@ -4,7 +4,7 @@
 :func:`resolve_schedule` (the default schedule), :func:`default_group_size`, :func:`build_schedule`,
 :func:`arguments_for_world` and :func:`refuse_topology_in_process_set`: every one a pure function of its
 arguments (and ``HVD_DSSYNC_TOPOLOGY``), so every rank decides alike, without communicating.
-:mod:`hvd_dssync.config` re-exports them.
+:class:`hvd_dssync.config.SyncConfig` uses them.
 """
 import math
 import os
