@@ -17,7 +17,7 @@ from .adaptive import AdaptivePolicy
 from .policy import Policy
 from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_schedule,
                          refuse_topology_in_process_set, resolve_schedule)
-from .sensing import AUTO, Sensed
+from .sensing import AUTO, Sensed, names_schedule
 from .topology import Topology
 
 __all__ = ["SyncConfig", "config_of", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
@@ -290,7 +290,7 @@ class SyncConfig:
             >>> SyncConfig(topology="auto").startup_schedule(4) is None, SyncConfig().startup_schedule(None)
             (True, None)
         """
-        named = (self.schedule, self.num_groups, self.group_size, self.schedule_options) != (None,) * 4
+        named = names_schedule(self.schedule, self.num_groups, self.group_size, self.schedule_options)
         if not world_size or (_is_auto(self.topology) and not named):  # "auto" senses where nothing names one
             return None
         schedule = resolve_schedule(self.schedule, self.num_groups, self.group_size, self._racks)[0]

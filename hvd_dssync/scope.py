@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .config import config_of
 from .resolution import build_schedule
 from .process_sets import _horovod_table, elastic_job, registry_for
 
@@ -129,13 +130,14 @@ def process_set_groups(ranks, num_groups=None, group_size=None, seed=0, schedule
     return tuple(sorted(scope.to_global(g) for g in built.window_groups(0) if 1 < len(g) < len(ranks)))
 
 
-def add_process_set_groups(hvd, process_set, **schedule_arguments):
+def add_process_set_groups(hvd, process_set, sync=None, **schedule_arguments):
     """Register the groups DS-Sync needs inside ``process_set`` (dynamic process sets; a collective).
 
     Call it on *every* rank of the job, in the same order, with the schedule arguments of the optimizer
     that will train inside the set (``num_groups``, ``group_size``, ``seed``, ``schedule``,
-    ``schedule_options``); ``hvd`` is the framework's Horovod module. The sets stay registered for the
-    life of the job.
+    ``schedule_options``), or its :class:`hvd_dssync.SyncConfig` as ``sync`` (then the keywords keep their
+    defaults: :func:`hvd_dssync.config.config_of`); ``hvd`` is the framework's Horovod module. The sets stay
+    registered for the life of the job.
 
     Example::
 
@@ -148,6 +150,8 @@ def add_process_set_groups(hvd, process_set, **schedule_arguments):
     if getattr(process_set, "process_set_id", None) is None or ranks is None:
         raise ValueError(f"Arg ``process_set`` ({process_set}) is not registered with Horovod: register it on "
                          "every rank first (hvd.add_process_set or hvd.init(process_sets=...)).")
+    if sync is not None:
+        schedule_arguments = config_of(sync, schedule_arguments).schedule_arguments()
     registry_for(hvd).acquire(process_set_groups(ranks, **schedule_arguments))
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import tensorflow as tf
 
 from .. import sensing
-from ..config import config_of
 from ..scope import add_process_set_groups as add_groups, scope_of
 from ..topology import host_name, job_topology as resolve_topology
 
@@ -129,6 +128,5 @@ def add_process_set_groups(process_set, *, num_groups=None, group_size=None, see
         if ps.included():
             opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), process_set=ps, group_size=2, seed=0)
     """
-    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-                     schedule_options=schedule_options)
-    add_groups(hvd, process_set, **(arguments if sync is None else config_of(sync, arguments).schedule_arguments()))
+    add_groups(hvd, process_set, sync=sync, num_groups=num_groups, group_size=group_size, seed=seed,
+               schedule=schedule, schedule_options=schedule_options)

@@ -14,7 +14,7 @@ from ..topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name
 from .probe import SENSE_NBYTES, SENSE_REPEATS, PairProbe, local_address, measure
 from .rule import MIN_MARGIN, decide_racks, pair_seconds, rank_racks
 
-__all__ = ["AUTO", "Sensed", "layout", "host_racks", "sense", "sense_once", "last_sensed", "wants_sensing",
+__all__ = ["AUTO", "Sensed", "layout", "host_racks", "sense", "sense_once", "last_sensed", "wants_sensing", "names_schedule",
            "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology", "sense_again"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
@@ -86,6 +86,17 @@ class Sensed:
         return f"Sensed(how={self.how!r}, racks={self.racks}, seconds={self.seconds:.3f}, margin={self.margin})"
 
 
+def names_schedule(schedule, num_groups, group_size, schedule_options):
+    """Whether DS-Sync's arguments name the schedule (then ``topology="auto"`` senses nothing).
+
+    Example::
+
+        >>> names_schedule(None, None, None, None), names_schedule(None, 2, None, None)
+        (False, True)
+    """
+    return (schedule, num_groups, group_size, schedule_options) != (None, None, None, None)
+
+
 def wants_sensing(schedule, num_groups, group_size, topology, schedule_options, environ_topology, whole_job,
                   elastic, dynamic_sets):
     """Whether the optimizer senses: ``topology`` is "auto" and nothing else names the schedule.
@@ -103,9 +114,9 @@ def wants_sensing(schedule, num_groups, group_size, topology, schedule_options, 
         >>> wants_sensing(None, 2, None, "auto", None, "", True, False, True)  # num_groups: the shuffle
         False
     """
-    return (isinstance(topology, str) and topology == AUTO and schedule is None and num_groups is None
-            and group_size is None and schedule_options is None and not environ_topology and whole_job
-            and not elastic and dynamic_sets)
+    return (isinstance(topology, str) and topology == AUTO
+            and not names_schedule(schedule, num_groups, group_size, schedule_options)
+            and not environ_topology and whole_job and not elastic and dynamic_sets)
 
 
 def layout(rank_hosts):

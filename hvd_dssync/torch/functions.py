@@ -272,9 +272,8 @@ def add_process_set_groups(process_set, *, num_groups=None, group_size=None, see
             opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            process_set=ps, group_size=2, seed=0)
     """
-    arguments = dict(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
-                     schedule_options=schedule_options)
-    add_groups(hvd, process_set, **(arguments if sync is None else config_of(sync, arguments).schedule_arguments()))
+    add_groups(hvd, process_set, sync=sync, num_groups=num_groups, group_size=group_size, seed=seed,
+               schedule=schedule, schedule_options=schedule_options)
 
 
 def _launcher_world_size(comm):
