@@ -18,12 +18,16 @@ class LocalSteps:
     @classmethod
     def wrapping(cls, optimizer, local, **setup):
         """A new optimizer of this class from ``optimizer``'s configuration (as Horovod builds its own), set up
-        in one step: ``local`` are :meth:`_dssync_local_setup`'s arguments, ``setup`` the mixin's
-        ``_dssync_setup``'s (:func:`DistributedOptimizer` calls it)."""
-        wrapped = cls.from_config(optimizer.get_config())
-        wrapped._dssync_local_setup(*local)
-        wrapped._dssync_setup(**setup)
-        return wrapped
+        in one step by its constructor: ``local`` are :meth:`_dssync_local_setup`'s arguments, ``setup`` the
+        mixin's ``_dssync_setup``'s (:func:`DistributedOptimizer` calls it)."""
+        return cls.from_config(dict(optimizer.get_config(), dssync_local=local, dssync_setup=setup))
+
+    def __init__(self, *args, dssync_local, dssync_setup, **kwargs):
+        # Keras' from_config passes the configuration to the constructor; DS-Sync's parts ride along, and
+        # the user's optimizer class gets the rest.
+        super(self.__class__, self).__init__(*args, **kwargs)
+        self._dssync_local_setup(*dssync_local)
+        self._dssync_setup(**dssync_setup)
 
     def _dssync_local_setup(self, process_set, set_size, passes, average_aggregated, scale_local_gradients):
         self._dssync_passes = passes
