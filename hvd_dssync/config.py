@@ -11,6 +11,7 @@ The schedule arguments resolve the same way for every caller (:mod:`hvd_dssync.r
 :func:`default_average_every` chooses the default period: pure functions of their arguments, so every rank
 decides alike, without communicating.
 """
+import warnings
 from dataclasses import dataclass, fields, replace
 
 from .adaptive import AdaptivePolicy
@@ -20,7 +21,7 @@ from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_s
 from .sensing import AUTO, Sensed, names_schedule
 from .topology import Topology
 
-__all__ = ["SyncConfig", "config_of", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
+__all__ = ["SyncConfig", "config_of", "HorovodArgumentWarning", "warn_num_groups", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
 # given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
@@ -105,6 +106,41 @@ def config_of(sync, keywords, in_process_set=False, unsupported=()):
             raise ValueError(f"Arg ``sync``: {name}={value!r} is not supported by this adapter (PyTorch's only).")
     refuse_topology_in_process_set(in_process_set, sync.schedule, sync.topology)
     return sync
+
+
+class HorovodArgumentWarning(UserWarning):
+    """A Horovod argument that the swapped ``DistributedOptimizer`` reads otherwise than Horovod does
+    (:func:`warn_num_groups`).
+
+    Example::
+
+        import warnings
+        warnings.simplefilter("error", hvd_dssync.HorovodArgumentWarning)  # a script that must not be misread
+    """
+
+
+def warn_num_groups(num_groups, stacklevel=3):
+    """Warn where ``num_groups`` reached an adapter's ``DistributedOptimizer`` as a keyword: Horovod's
+    (deprecated) count of fusion groups there, DS-Sync's groups a step here (docs/faq.md says why), so a Horovod
+    script that passed it for fusion changes its synchronization. Given through ``sync=SyncConfig(...)``, the
+    count is DS-Sync's beyond doubt and nobody is warned. Every rank warns alike; no communication.
+
+    Example::
+
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_num_groups(2, stacklevel=1); warn_num_groups(0, stacklevel=1)
+        >>> [w.category.__name__ for w in caught]
+        ['HorovodArgumentWarning']
+    """
+    if num_groups:
+        warnings.warn(
+            f"hvd_dssync: num_groups={num_groups!r} is DS-Sync's number of groups a step, not Horovod's (deprecated) "
+            f"count of fusion groups, and it replaces the default schedule: drop it if the script passed it for "
+            f"Horovod's fusion; to choose DS-Sync's groups without this warning, pass "
+            f"sync=hvd_dssync.SyncConfig(num_groups={num_groups!r}) or group_size=.",
+            HorovodArgumentWarning, stacklevel=stacklevel)
 
 
 def _is_default(value, default):

@@ -187,7 +187,8 @@ for name in module.__all__:
             else "function" if callable(obj) else "constant")
     entry = {"name": name, "kind": kind, "doc": inspect.getdoc(obj) if kind != "constant" else None,
              "params": []}
-    if kind in ("class", "function"):
+    exception = inspect.isclass(obj) and issubclass(obj, BaseException)  # a builtin's signature: none to read
+    if kind in ("class", "function") and not exception:
         for p in inspect.signature(obj).parameters.values():
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 entry["params"].append([("*" if p.kind == p.VAR_POSITIONAL else "**") + p.name, None])

@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import build
-from ..config import config_of
+from ..config import config_of, warn_num_groups
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
@@ -265,7 +265,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     (:mod:`.outside`). ``device_sparse`` and ``groups`` have nothing to act on and are accepted for
     compatibility. ``op=hvd.Adasum`` is rejected. The arguments Horovod has come in Horovod's order with
     Horovod's defaults, so a script passing them by position means the same; Horovod's deprecated
-    ``num_groups`` (fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it.
+    ``num_groups`` (fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it; a
+    ``HorovodArgumentWarning`` says so where it is given (nothing is said for it in ``sync``).
 
     DS-Sync's own arguments follow (keyword-only, but ``num_groups``, at Horovod's position).
 
@@ -311,7 +312,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         import hvd_dssync.keras as dss
 
         hvd.init()
-        opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()), num_groups=2, seed=0)
+        opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()), group_size=4, seed=0)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                    dss.callbacks.SynchronizeModelsCallback()])
@@ -320,6 +321,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
+    warn_num_groups(num_groups)  # Horovod's fusion groups, DS-Sync's groups here: docs/faq.md
     in_process_set = scope.world_size != hvd.size()
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.config_of).
     config = config_of(sync, dict(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,

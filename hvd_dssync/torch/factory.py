@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import torch
 
 from .. import build
-from ..config import config_of
+from ..config import config_of, warn_num_groups
 from ..guards import check_nccl_process_sets
 from ..plan import SyncPlan, check_horovod_arguments
 from ..resense import watches
@@ -48,7 +48,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     grouping) is accepted and has nothing to act on, since the whole model is one grouped allreduce per
     step. ``op=hvd.Adasum`` is rejected. The arguments Horovod has come in Horovod's order with Horovod's
     defaults, so a script passing them by position means the same; Horovod's deprecated ``num_groups``
-    (tensor fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it.
+    (tensor fusion groups, default 0) is DS-Sync's number of groups, 0 choosing it as without it; a
+    ``HorovodArgumentWarning`` says so where it is given (nothing is said for it in ``sync``).
 
     Without DS-Sync arguments the schedule is chosen from the job: "topology" when the racks are known
     (``topology=`` or ``HVD_DSSYNC_TOPOLOGY``), else random groups ("shuffle") of
@@ -114,13 +115,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         hvd.init()
         opt = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size())
         opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model,
-                                       num_groups=2, seed=0)
+                                       group_size=4, seed=0)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    warn_num_groups(num_groups)  # Horovod's fusion groups, DS-Sync's groups here: docs/faq.md
     in_process_set = scope.world_size != hvd.size()
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.config_of).
     config = config_of(sync, dict(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
