@@ -12,11 +12,12 @@ import warnings
 
 __all__ = ["PATCH_LEVEL", "patch_level", "missing_patches", "warn_once"]
 
-PATCH_LEVEL = 8  # what scripts/setup.sh builds (its HOROVOD_PATCH)
+PATCH_LEVEL = 9  # what scripts/setup.sh builds (its HOROVOD_PATCH)
 DOCS = "docs/build.md in hvd_dssync's sources"
 
 # (level, the string that level leaves in the library), newest first.
-_MARKERS = ((8, b"hvd_dssync-build-patch-level-8"), (7, b"hvd_dssync-build-patch-level-7"),
+_MARKERS = ((9, b"hvd_dssync-build-patch-level-9"), (8, b"hvd_dssync-build-patch-level-8"),
+            (7, b"hvd_dssync-build-patch-level-7"),
             (6, b"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY"))
 
 # What each level adds, and what a job without it pays (docs/build.md has the figures).
@@ -28,6 +29,8 @@ _ADDS = {
        "so a group waits for the others' averages and DS-Sync's groups do not run side by side",
     8: "MPI waits that sleep: without it, under mpirun with more ranks than cores, Horovod's negotiation and "
        "the groups' averages keep every waiting rank's core busy, and single steps take seconds",
+    9: "ordered process sets: without it every group average waits for Horovod's loop to negotiate it with the "
+       "group's members first, a cycle or more, and longer beside other sets' ops",
 }
 
 

@@ -11,15 +11,23 @@ A re-initialized Horovod (an elastic reset: ``shutdown()`` then ``init()`` in a 
 every dynamic set; :meth:`ProcessSetRegistry.refresh` notices it without communicating and forgets them,
 and its ``generation`` tells each user of the registry that its groups must be acquired again.
 
+Where the build can (patch level 9, docs/build.md), the registry marks each set it acquires *ordered*:
+every member issues the set's allreduces in the same order (DS-Sync's groups do, by construction), so
+Horovod sends each straight to the set's executor instead of negotiating it in its loop first
+(:func:`mark_ordered`). A set used for other ops as well (sparse averaging gathers rows on it) is left
+negotiated: ``acquire(groups, ordered=False)``. ``HVD_DSSYNC_ORDERED_SETS=0`` (on every rank alike) leaves
+every set negotiated.
+
 It is framework-free: it is given the framework's Horovod module (``horovod.torch`` or
 ``horovod.tensorflow``), whose process-set functions both come from ``horovod.common``.
 """
 import os
 
-__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "enable_dynamic_process_sets",
-           "use_static_process_sets", "elastic_job"]
+__all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "ORDERED_ENV", "enable_dynamic_process_sets",
+           "use_static_process_sets", "elastic_job", "ordered_sets_enabled", "mark_ordered"]
 
 DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
+ORDERED_ENV = "HVD_DSSYNC_ORDERED_SETS"  # "0": every set negotiated, as on a build without patch level 9
 ELASTIC_ENV = "HOROVOD_ELASTIC"
 
 _registries = {}
@@ -61,6 +69,39 @@ def _horovod_table():
     return common._basics._get_process_set_ids_and_ranks()
 
 
+def ordered_sets_enabled(environ=None):
+    """Whether DS-Sync marks its sets ordered where the build can (:data:`ORDERED_ENV` not "0").
+
+    Example::
+
+        >>> ordered_sets_enabled({}), ordered_sets_enabled({"HVD_DSSYNC_ORDERED_SETS": "0"})
+        (True, False)
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get(ORDERED_ENV, "1") not in ("0", "")
+
+
+def mark_ordered(process_set, ordered=True):
+    """Mark Horovod's ``process_set`` ordered (or not): its CPU allreduces skip the negotiation and run on the
+    set's executor as issued, each checked first against the other members' (a header of names, dtypes and
+    shapes compared in one small allreduce: members that issued different ops all get the same error).
+    Every member must mark a set alike before its first op on it. Returns whether the set is now ordered:
+    False on a build without patch level 9, for the global set, on a rank outside the set, or where Horovod
+    runs the set's ops in its loop (``HOROVOD_PROCESS_SETS_ASYNC=0``, or ``HOROVOD_ORDERED_PROCESS_SETS=0``).
+
+    Example::
+
+        mark_ordered(hvd.add_process_set([0, 1]))   # True on the project's build, on ranks 0 and 1
+    """
+    from horovod.common import process_sets as common
+
+    library = getattr(getattr(common, "_basics", None), "MPI_LIB_CTYPES", None)
+    set_ordered = getattr(library, "horovod_process_set_set_ordered", None)
+    if set_ordered is None:
+        return False
+    return set_ordered(int(process_set.process_set_id), int(bool(ordered))) == 1
+
+
 def registry_for(hvd):
     """The process's one registry for the Horovod module ``hvd``.
 
@@ -81,6 +122,7 @@ class ProcessSetRegistry:
         self._sets = {}
         self._counts = {}
         self._static = set()
+        self._ordered = {}  # group: whether its set is marked ordered (a set used otherwise stays unmarked)
         self._identity = None
         self.generation = 0
 
@@ -89,6 +131,7 @@ class ProcessSetRegistry:
         self._sets.clear()
         self._counts.clear()
         self._static.clear()
+        self._ordered.clear()
         self._identity = None
         self.generation += 1
 
@@ -128,8 +171,10 @@ class ProcessSetRegistry:
                 found[tuple(ranks)] = ps
         return found
 
-    def acquire(self, groups):
-        """Register every group not yet registered, in sorted order (a collective: call on all ranks)."""
+    def acquire(self, groups, ordered=True):
+        """Register every group not yet registered, in sorted order (a collective: call on all ranks), and
+        mark each set ordered (:func:`mark_ordered`) unless ``ordered`` is False or a user of the set asked
+        for it negotiated before (every rank acquires alike, so every member marks alike)."""
         groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()})
         missing = [g for g in groups if g not in self._sets]
         if missing:
@@ -153,6 +198,10 @@ class ProcessSetRegistry:
                 ) from None
         for g in groups:
             self._counts[g] = self._counts.get(g, 0) + 1
+            want = ordered and self._ordered.get(g, True) and ordered_sets_enabled()
+            if self._ordered.get(g) != want and (want or g in self._ordered):
+                mark_ordered(self._sets[g], want)
+            self._ordered[g] = want
 
     def release(self, groups):
         """Drop one reference to each group; remove the sets nobody uses (a collective)."""
@@ -164,6 +213,7 @@ class ProcessSetRegistry:
                 continue
             self._counts.pop(g, None)
             if g not in self._static and g in self._sets:
+                self._ordered.pop(g, None)
                 self.hvd.remove_process_set(self._sets.pop(g))
 
     def get(self, group):

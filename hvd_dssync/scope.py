@@ -221,7 +221,7 @@ def _register_together(hvd, scope, missing, what, allgather_rows):
     return None
 
 
-def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None):
+def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None, ordered=True):
     """Take the process sets of ``groups`` (positions in ``scope``) from those Horovod holds, registering
     the missing ones where every rank of the job builds this optimizer.
 
@@ -230,7 +230,8 @@ def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None)
     Horovod's recipe where every rank builds the optimizer with the same set) the ranks agree, then
     register the missing groups together. Without it, or where the ranks do not agree, a missing group
     raises a ``RuntimeError`` naming it and the ways to register it, the same on every rank that took part.
-    Returns the groups as global ranks.
+    Returns the groups as global ranks. ``ordered``: the sets may be marked ordered (not where the optimizer
+    issues other ops than allreduces on them: :meth:`hvd_dssync.process_sets.ProcessSetRegistry.acquire`).
 
     Example::
 
@@ -247,5 +248,5 @@ def acquire_registered(hvd, scope, groups, what, take=True, allgather_rows=None)
                 f"{what}: DS-Sync inside the process set of ranks {list(scope.ranks)} needs its groups {missing} "
                 f"registered as process sets by every rank of the job, and {why}. " + _REGISTER_UP_FRONT)
     if take:  # a rank outside the scope only checks, so that it raises where the set's ranks do
-        registry_for(hvd).acquire(wanted)
+        registry_for(hvd).acquire(wanted, ordered=ordered)
     return wanted

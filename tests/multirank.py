@@ -125,20 +125,23 @@ def _failed_behaviours(output):
     return f": failed behaviours: {'; '.join(failed)}" if failed else ""
 
 
-def matrix(sizes=(2, 3, 4), both=()):
+def matrix(sizes=(2, 3, 4), both=(), wide=()):
     """Parameters for ``@pytest.mark.parametrize("launcher,np", matrix())`` with readable ids: every size
     under each launcher. ``make test`` runs each size under one launcher, the two taking turns (and both at
-    each size in ``both``), so that every size and every launcher is covered; the other pairs are marked
-    ``wide`` (``make test-wide``): the launcher changes how Horovod negotiates and moves the bytes, not what
-    the adapters compute, and CI's time is bounded.
+    each size in ``both``, neither at each size in ``wide``), so that every launcher is covered; the other
+    pairs are marked ``wide`` (``make test-wide``): the launcher changes how Horovod negotiates and moves the
+    bytes, not what the adapters compute, and CI's time is bounded.
 
     Example::
 
         >>> [(p.id, bool(p.marks)) for p in matrix((2, 3))]
         [('gloo-np2', False), ('mpi-np2', True), ('gloo-np3', True), ('mpi-np3', False)]
+        >>> [p.id for p in matrix((2, 3, 4), wide=(4,)) if not p.marks]
+        ['gloo-np2', 'mpi-np3']
     """
     return [pytest.param(launcher, np, id=f"{launcher}-np{np}",
-                         marks=() if launcher == LAUNCHERS[i % 2] or np in both else pytest.mark.wide)
+                         marks=() if np not in wide and (launcher == LAUNCHERS[i % 2] or np in both)
+                         else pytest.mark.wide)
             for i, np in enumerate(sizes) for launcher in LAUNCHERS]
 
 

@@ -8,26 +8,27 @@ from multirank import LAUNCHERS, ROOT, matrix, run
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("launcher,np", matrix(both=(4,)))
+@pytest.mark.parametrize("launcher,np", matrix())
 def test_semantics(launcher, np):
     """Group means step by step, schedule agreement, sync, drop-in arguments, policies, unnamed ops."""
     output = run(launcher, np, "torch_semantics.py", timeout=300)
     assert output.count("all checks passed") == np, output
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("np", [pytest.param(2, marks=pytest.mark.wide), 4])
 def test_init_from_mpi4py_communicator(np):
     output = run("mpi", np, "torch_semantics.py", "--init", "mpi4py", "--quick")
     assert output.count("all checks passed") == np, output
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+# One launcher each in make test (gloo here, mpi for the rotating bridges); both in make test-wide.
+@pytest.mark.parametrize("launcher", [LAUNCHERS[0], pytest.param(LAUNCHERS[1], marks=pytest.mark.wide)])
 def test_static_process_sets_from_dss_init(launcher):
     output = run(launcher, 4, "torch_semantics.py", "--init", "static")
     assert output.count("all checks passed") == 4, output
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", [pytest.param(LAUNCHERS[0], marks=pytest.mark.wide), LAUNCHERS[1]])
 def test_static_process_sets_for_rotating_bridges(launcher):
     """dss.init registers every window's groups of a topology schedule whose bridges rotate: no dynamic mode."""
     output = run(launcher, 4, "torch_semantics.py", "--init", "static-topology")
@@ -137,7 +138,7 @@ def test_ranks_building_with_different_process_sets_all_raise(launcher):
     assert output.count("all checks passed") == 8, output
 
 
-@pytest.mark.parametrize("launcher,np", matrix(sizes=(4,), both=(4,)))
+@pytest.mark.parametrize("launcher,np", matrix(sizes=(4,)))
 def test_the_default_senses_one_host_and_keeps_its_schedule(launcher, np):
     """On one host (loopback) topology='auto' finds one host with no probe and keeps random groups."""
     output = run(launcher, np, "torch_sensing.py", timeout=240)

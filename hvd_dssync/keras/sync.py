@@ -86,7 +86,7 @@ class StepSync:
         if self._in_process_set():
             # Before this object takes its op-name number: a refused set must not shift the later ones'.
             acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.keras",
-                               allgather_rows=allgather_job_rows)
+                               allgather_rows=allgather_job_rows, ordered=self._ordered_sets())
         # Kept for the life of this object, through changes of world: a newcomer builds its StepSync
         # fresh, and its op names must equal the survivors'.
         self.name = f"{name}_{next(_instances)}"
@@ -131,8 +131,12 @@ class StepSync:
         check_ranks_agree(allgather, self.plan, parameters, options, what)
         if self.plan.world_size > 1 and not self._in_process_set():
             acquire, _ = self.plan.window_change(0)
-            self._registry.acquire(acquire)
+            self._registry.acquire(acquire, ordered=self._ordered_sets())
         self._generation = generation
+
+    def _ordered_sets(self):
+        """Whether the groups' sets may be marked ordered: not where sparse averaging gathers rows on them."""
+        return not (self.config is not None and self.config.sparse_average)
 
     def ensure_connected(self, what, parameters=None, options=None):
         """:meth:`connect` once per Horovod world; call it where every rank is at the same point.

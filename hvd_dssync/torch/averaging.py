@@ -108,7 +108,8 @@ class Averaging:
         change = world.plan.window_change(step)
         if change is not None and not world.in_process_set:
             acquire, release = change
-            self.registry.acquire(acquire)
+            # Sparse averaging gathers rows on the groups' sets: those stay negotiated (process_sets.py).
+            self.registry.acquire(acquire, ordered=not self.sparse.enabled)
             self.registry.release(release)
 
     def warm_window_sets(self, world):

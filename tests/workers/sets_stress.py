@@ -1,6 +1,7 @@
 """One rank of the concurrent process sets' stress job (8 ranks): overlapping sets used at once, ops of
 several steps in flight together, sets added and removed while other sets' ops are in flight. Every value is
-checked; a hang is the launcher's timeout. ``--rounds`` sets the length.
+checked; a hang is the launcher's timeout. ``--rounds`` sets the length. With ``--ordered`` every set is
+marked ordered (patch level 9: its allreduces skip the negotiation), and its ops are the allreduces it allows.
 """
 import argparse
 import os
@@ -13,6 +14,7 @@ from common import check
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=12)
+parser.add_argument("--ordered", action="store_true")
 args = parser.parse_args()
 
 os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
@@ -24,6 +26,21 @@ sets = [hvd.add_process_set(ranks) for ranks in FIXED]
 mine = [ps for ps in sets if ps.included()]
 
 
+def ordered(ps):
+    """Mark ``ps`` ordered with ``--ordered`` (on every rank, before its first op); True where it is now."""
+    if not args.ordered:
+        return False
+    from hvd_dssync.process_sets import mark_ordered
+
+    done = mark_ordered(ps)
+    check(done == ps.included(), f"set {ps.ranks} marked ordered: {done}")
+    return done
+
+
+for ps in sets:
+    ordered(ps)
+
+
 def submit(round_, ps):
     """This rank's ops of one round in one set: an allreduce, a grouped allreduce, an allgather and a
     broadcast, each with what it must return."""
@@ -31,12 +48,20 @@ def submit(round_, ps):
     value = float(RANK + round_)
     expected_sum = float(sum(ps.ranks) + round_ * len(ps.ranks))
     root = ps.ranks[round_ % len(ps.ranks)]
-    return [
+    reduced = [
         (hvd.allreduce_async(torch.full((1000,), value), op=hvd.Sum, process_set=ps, name=tag + ".ar"),
          lambda out: out[0].item() == expected_sum and out[-1].item() == expected_sum),
         (hvd.grouped_allreduce_async([torch.full((10,), value), torch.full((300,), 2 * value)], op=hvd.Sum,
                                      process_set=ps, name=tag + ".gar"),
          lambda out: out[0][0].item() == expected_sum and out[1][-1].item() == 2 * expected_sum),
+    ]
+    if args.ordered:  # an ordered set carries allreduces only: a third, of float64, instead of the others
+        return reduced + [
+            (hvd.grouped_allreduce_async([torch.full((5,), value, dtype=torch.float64), torch.full((20,), value)],
+                                         op=hvd.Average, process_set=ps, name=tag + ".mixed"),
+             lambda out: out[0][0].item() == expected_sum / len(ps.ranks) and out[1][3].item() == out[0][0].item()),
+        ]
+    return reduced + [
         (hvd.allgather_async(torch.full((2, 3), value), process_set=ps, name=tag + ".ag"),
          lambda out: out[:, 0].tolist() == [float(r + round_) for r in ps.ranks for _ in range(2)]),
         (hvd.broadcast_async(torch.full((50,), value), root_rank=root, process_set=ps, name=tag + ".bc"),
@@ -53,6 +78,7 @@ for round_ in range(args.rounds):
         # A set added and removed while the ops of this round and the last are in flight.
         extra = hvd.add_process_set([r for r in range(SIZE) if r % 2 == round_ % 2] if round_ % 2 == 0
                                     else [0, 3, 5, 6])
+        ordered(extra)
         if extra.included():
             total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=extra, name=f"extra.{round_}")
             check(total.item() == len(extra.ranks), f"round {round_}: extra set summed {total.item()}")

@@ -8,7 +8,9 @@ share, no average); the local steps, then the average; each local step replaced 
 ``--step-seconds`` (the averages without the cores shared by computing ranks); the averages alone. A
 fifth row times the last rack's averages alone while ranks 0 and 1 (of the first rack) average 5 MB between
 themselves, in a process set (a subgroup) of their own: what an op of other ranks costs a rack's average.
-Horovod runs twice, with the build's concurrent process sets and with every op in its background loop
+Horovod runs three times: with the sets marked ordered as DS-Sync marks its groups (patch level 9: the
+averages skip the negotiation), with the build's concurrent process sets negotiated
+(``HOROVOD_ORDERED_PROCESS_SETS=0``), and with every op in its background loop
 (``HOROVOD_PROCESS_SETS_ASYNC=0``, as released).
 Run as root from the repository root::
 
@@ -64,9 +66,13 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
 
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
+        from hvd_dssync.process_sets import mark_ordered
+
         sets = [hvd.add_process_set(list(range(bounds[k], bounds[k + 1]))) for k in range(len(racks))]
         # Horovod refuses a second set of the same ranks: racks of 2 have the pair's set already.
         pair = (sets[0] if racks[0] == 2 else hvd.add_process_set([0, 1])) if beside else None
+        for ps in sets + ([pair] if pair is not None else []):
+            mark_ordered(ps)  # as DS-Sync's registry does (nothing where HOROVOD_ORDERED_PROCESS_SETS=0)
     else:
         import torch.distributed as dist
         from torch.distributed.algorithms.model_averaging.utils import average_parameters
@@ -124,11 +130,13 @@ def _figures(output):
 
 def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False, cycle_time_ms=None):
     """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none.
-    ``library`` "horovod-loop": Horovod with every op in its background loop, as released
+    ``library`` "horovod": the sets ordered; "horovod-negotiated": concurrent process sets, each op negotiated
+    (``HOROVOD_ORDERED_PROCESS_SETS=0``); "horovod-loop": every op in Horovod's background loop, as released
     (``HOROVOD_PROCESS_SETS_ASYNC=0`` on the project's build). ``cycle_time_ms``: Horovod's
     ``HOROVOD_CYCLE_TIME`` (its own default, 1 ms, when None)."""
     loop_bound = library == "horovod-loop"
-    library = "horovod" if loop_bound else library
+    negotiated = library in ("horovod-loop", "horovod-negotiated")
+    library = "horovod" if library.startswith("horovod") else library
     from hvd_dssync.bench.launchers import head_command, launch_command, launch_env
 
     argv = [sys.executable, os.path.abspath(__file__), "--worker", library, "--racks-list", json.dumps(racks),
@@ -139,6 +147,7 @@ def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, be
             env = launch_env(bed, "horovodrun", agent_dir)
             env["PYTHONPATH"] = ROOT
             env["HOROVOD_PROCESS_SETS_ASYNC"] = "0" if loop_bound else "1"
+            env["HOROVOD_ORDERED_PROCESS_SETS"] = "0" if negotiated else "1"
             if cycle_time_ms is not None:
                 env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
             command = head_command(bed, launch_command(bed, "horovodrun", argv, agent_dir))
@@ -212,12 +221,12 @@ def main(argv=None):
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
           flush=True)
-    print("| local steps before each average | Horovod process sets | the same, every op in Horovod's loop "
-          "| torch.distributed subgroups | ratio | ratio in the loop |\n|---|---:|---:|---:|---:|---:|")
+    print("| local steps before each average | Horovod, ordered sets | negotiated | every op in Horovod's loop "
+          "| torch.distributed subgroups | ratio | negotiated | in the loop |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
         for label, steps, pause, averages, beside in rows:
             cells = []
-            for library in ("horovod", "horovod-loop", "torch"):
+            for library in ("horovod", "horovod-negotiated", "horovod-loop", "torch"):
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
                                           args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms)
                 if figures and beside:
@@ -226,8 +235,8 @@ def main(argv=None):
                 if failed:
                     print(f"  {library} ({label}): {failed}", file=sys.stderr, flush=True)
             text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
-            ratios = [f"{c / cells[2]:.2f}x" if None not in (c, cells[2]) else "-" for c in cells[:2]]
-            print(f"| {label} | {text[0]} | {text[1]} | {text[2]} | {ratios[0]} | {ratios[1]} |", flush=True)
+            ratios = [f"{c / cells[3]:.2f}x" if None not in (c, cells[3]) else "-" for c in cells[:3]]
+            print(f"| {label} | {' | '.join(text)} | {' | '.join(ratios)} |", flush=True)
     return 0
 
 
