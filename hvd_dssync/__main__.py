@@ -298,6 +298,8 @@ def _run_info(args, parser):
         level = build.patch_level()
         print(f"{'patch level':<11} {level} " + ("(Horovod as released)" if level == 0 else
                                                  f"(the project's build; current {build.PATCH_LEVEL})"))
+        if build.supported(level):
+            print(f"{'supports':<11} {', '.join(build.supported(level))}")
         for missing in build.missing_patches(level):
             print(f"{'':<11} lacks {missing}")
     print(f"\nschedule    {schedule!r}")

@@ -10,7 +10,7 @@ import importlib.util
 import os
 import warnings
 
-__all__ = ["PATCH_LEVEL", "patch_level", "missing_patches", "warn_once"]
+__all__ = ["PATCH_LEVEL", "patch_level", "missing_patches", "supported", "warn_once"]
 
 PATCH_LEVEL = 9  # what scripts/setup.sh builds (its HOROVOD_PATCH)
 DOCS = "docs/build.md in hvd_dssync's sources"
@@ -61,6 +61,22 @@ def patch_level(library=None):
     with open(library, "rb") as f:
         data = f.read()
     return next((level for level, marker in _MARKERS if marker in data), 0)
+
+
+# What each level is called, for ``python -m hvd_dssync info``.
+_NAMES = {6: "sleeping waits and process sets' Gloo contexts", 7: "concurrent process sets",
+          8: "sleeping MPI waits", 9: "ordered process sets"}
+
+
+def supported(level):
+    """The names of what the levels up to ``level`` add, newest first.
+
+    Example::
+
+        >>> supported(8)
+        ['sleeping MPI waits', 'concurrent process sets', "sleeping waits and process sets' Gloo contexts"]
+    """
+    return [_NAMES[k] for k in sorted(_NAMES, reverse=True) if k <= level]
 
 
 def missing_patches(level):

@@ -23,6 +23,7 @@ DSSYNC_CONTENDERS = {
     "dssync-local-idle-sets": ("one group", True),
     "dssync-default": ("default", False),
     "dssync-default-loop": ("default", False),
+    "dssync-default-negotiated": ("default", False),
     "dssync-default-resense": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
@@ -66,9 +67,11 @@ DYNAMIC_SETS = {"dssync-topology-local-dynamic"}
 DEFAULT = "dssync-default"
 # The plain swap with one switch of its environment turned, to measure what it buys side by side: "-loop":
 # Horovod performs every op in its background loop, as released (HOROVOD_PROCESS_SETS_ASYNC=0 on the project's
-# build: no concurrent process sets); "-resense": the racks are sensed again when the averages across the
-# network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense).
+# build: no concurrent process sets); "-negotiated": concurrent process sets, but every average negotiated
+# (HVD_DSSYNC_ORDERED_SETS=0: the groups' sets are not marked ordered); "-resense": the racks are sensed again
+# when the averages across the network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense).
 DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
+                    "dssync-default-negotiated": {"HVD_DSSYNC_ORDERED_SETS": "0"},
                     "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
