@@ -199,7 +199,7 @@ class ProcessSetRegistry:
         for g in groups:
             self._counts[g] = self._counts.get(g, 0) + 1
             want = ordered and self._ordered.get(g, True) and ordered_sets_enabled()
-            if self._ordered.get(g) != want and (want or g in self._ordered):
+            if self._ordered.get(g, False) != want:
                 mark_ordered(self._sets[g], want)
             self._ordered[g] = want
 

@@ -145,6 +145,28 @@ def test_registry_forgets_its_sets_in_a_new_world():
     assert registry.refresh() == first + 2
 
 
+def test_registry_marks_sets_ordered_unless_a_user_needs_them_negotiated(monkeypatch):
+    """Every acquired set is marked ordered once; an acquirer that needs it negotiated (sparse averaging)
+    unmarks it for good; HVD_DSSYNC_ORDERED_SETS=0 marks nothing. The calls are the same on every rank."""
+    from hvd_dssync import process_sets
+
+    calls = []
+    monkeypatch.setattr(process_sets, "mark_ordered", lambda ps, ordered=True: calls.append((ps, ordered)))
+    monkeypatch.setattr(process_sets, "_horovod_table", lambda: {})  # no set registered at init
+    hvd = _FakeHorovod(4)
+    hvd.add_process_set = lambda ranks: f"set{ranks}"
+    registry = ProcessSetRegistry(hvd)
+    registry.acquire([(0, 1), (2, 3)])
+    registry.acquire([(0, 1)])  # a second user: already ordered, nothing to mark
+    registry.acquire([(0, 1)], ordered=False)  # sparse averaging gathers rows on it
+    registry.acquire([(0, 1)])  # stays negotiated
+    assert calls == [("set[0, 1]", True), ("set[2, 3]", True), ("set[0, 1]", False)]
+    calls.clear()
+    monkeypatch.setenv(process_sets.ORDERED_ENV, "0")
+    registry.acquire([(1, 2)])
+    assert calls == []
+
+
 # --- multi-rank jobs -----------------------------------------------------------------------------
 
 MULTIRANK = pytest.mark.multirank
