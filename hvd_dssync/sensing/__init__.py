@@ -15,9 +15,7 @@ today's default, random groups):
    Then one allgather of every rank's figures, from which every rank builds the same racks
    (:mod:`hvd_dssync.sensing.rule`: the partition whose links inside are all faster than its links across
    by :data:`MIN_MARGIN` or more). Where the figures leave the rule unsure, the pairs in doubt are timed
-   again, one pair at a time (at most :data:`RETIME_PASSES` times, an allgather after each pair and each
-   pass: pairs timed at once share the hosts' cores and uplinks, which makes a fast link look slow); still
-   unsure, one flat network. Hosts
+   again (at most :data:`RETIME_PASSES` times, one allgather each); still unsure, one flat network. Hosts
    that each run several ranks and turn out to share one flat network are each a rack, as in 2.
 
 The result is a :class:`Sensed` (how, what was found, the rule's margin, what it cost), kept per process
@@ -29,7 +27,7 @@ The package's parts: :mod:`~hvd_dssync.sensing.rule` (the racks from the figures
 :mod:`~hvd_dssync.sensing.probe` (the timed transfers) and :mod:`~hvd_dssync.sensing.job` (the layout, the
 passes, the per-process cache and the adapters' entry points).
 """
-from .job import (AUTO, MAX_PROBED_HOSTS, MAX_SERIAL_PAIRS, RETIME_PASSES, Sensed, default_topology, host_racks, last_sensed, layout,
+from .job import (AUTO, MAX_PROBED_HOSTS, RETIME_PASSES, Sensed, default_topology, host_racks, last_sensed, layout,
                   names_schedule, sense, sense_again, sense_once, wants_sensing)
 from .probe import (SENSE_CAP_SECONDS, SENSE_CHUNK, SENSE_NBYTES, SENSE_REPEATS, SENSE_TARGET_SECONDS, PairProbe,
                     local_address, measure, pair_rounds, probe_rounds)
@@ -39,5 +37,5 @@ __all__ = ["AUTO", "Sensed", "layout", "host_racks", "probe_rounds", "pair_round
            "measure", "MIN_MARGIN", "RackDecision", "decide_racks", "pair_seconds", "rank_racks", "seconds_of_pairs",
            "sense",
            "sense_once", "last_sensed", "wants_sensing", "names_schedule", "SENSE_NBYTES", "SENSE_REPEATS", "SENSE_CAP_SECONDS",
-           "SENSE_TARGET_SECONDS", "SENSE_CHUNK", "MAX_PROBED_HOSTS", "MAX_SERIAL_PAIRS", "RETIME_PASSES", "default_topology",
+           "SENSE_TARGET_SECONDS", "SENSE_CHUNK", "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology",
            "sense_again"]

@@ -15,7 +15,7 @@ from .probe import SENSE_NBYTES, SENSE_REPEATS, PairProbe, local_address, measur
 from .rule import MIN_MARGIN, decide_racks, pair_seconds, rank_racks
 
 __all__ = ["AUTO", "Sensed", "layout", "host_racks", "sense", "sense_once", "last_sensed", "wants_sensing", "names_schedule",
-           "MAX_PROBED_HOSTS", "RETIME_PASSES", "MAX_SERIAL_PAIRS", "default_topology", "sense_again"]
+           "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology", "sense_again"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
@@ -23,9 +23,6 @@ MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pair
 # a pair counts; pass k times each pair k + 1 times as often), at most this many more times; still unsure,
 # the network is one flat network.
 RETIME_PASSES = 2
-# The pairs timed again go one at a time (a tiny allgather after each: no other pair shares the hosts' cores
-# or an uplink with it), up to this many; more go in rounds of disjoint pairs, as the first pass does.
-MAX_SERIAL_PAIRS = 24
 
 log = logging.getLogger("hvd_dssync")
 
@@ -174,8 +171,7 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
     ``one_host``: Horovod says every rank is on this host (then nothing is sent);
     ``allgather_object(obj)``: every rank's object, by rank (one allgather of each rank's host name and
     probe endpoint); ``allgather(row)``: every rank's figures row (a float64 vector), stacked by rank, once per
-    pass of the probe (:data:`RETIME_PASSES`: every rank decides alike whether another pass runs), and once
-    after each pair a pass times again one at a time (:data:`MAX_SERIAL_PAIRS`).
+    pass of the probe (:data:`RETIME_PASSES`: every rank decides alike whether another pass runs).
     Where some host's first rank has no address other hosts reach, more than :data:`MAX_PROBED_HOSTS` hosts
     would be probed, or a pair could not be timed, nothing is measured ("not probed": one rack).
 
@@ -209,9 +205,7 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
         seconds, pairs, retimed = None, None, 0
         for attempt in range(1 + RETIME_PASSES):
             # A pass again times fewer pairs, each with more transfers: its fastest is likelier the link's.
-            alone = pairs is not None and len(pairs) <= MAX_SERIAL_PAIRS
-            row = measure(rank, leaders, endpoints, probe, nbytes, repeats * (1 + attempt), pairs,
-                          barrier=(lambda: allgather(np.zeros(1))) if alone else None)
+            row = measure(rank, leaders, endpoints, probe, nbytes, repeats * (1 + attempt), pairs)
             timed = pair_seconds(allgather(row), leaders)
             seconds = timed if seconds is None else np.fmin(seconds, timed)  # a pair not timed again: inf
             if np.isinf(seconds).any():

@@ -256,19 +256,15 @@ def _read(conn, n):
     return bytes(view)
 
 
-def measure(rank, leaders, endpoints, probe, nbytes=SENSE_NBYTES, repeats=SENSE_REPEATS, pairs=None,
-            barrier=None):
+def measure(rank, leaders, endpoints, probe, nbytes=SENSE_NBYTES, repeats=SENSE_REPEATS, pairs=None):
     """This rank's figures: the fastest of ``repeats`` timed transfers to each host leader it is paired with
     (the pair's lower rank sends, the other acknowledges), in seconds per ``nbytes``, by host index; NaN
     elsewhere, and where a transfer failed (then every rank finds a figure missing).
 
     ``pairs``: the host-index pairs to time (every pair by default, in :func:`probe_rounds`; others in
     :func:`pair_rounds`). The pairs of a round run at the same time; a rank meets its next partner as soon
-    as it is done with the last one (no barrier between rounds). With ``barrier`` (a collective every rank
-    calls, e.g. a tiny allgather), ``pairs`` are timed one at a time instead, in the order given, every rank
-    calling ``barrier()`` after each: a pair then shares neither the hosts' cores nor an uplink with other
-    pairs (where pairs run at the same time on busy hosts, a fast link is timed several times slower than
-    it is). ``endpoints`` are every rank's ``PairProbe.endpoint()``, ``probe`` this rank's :class:`PairProbe`.
+    as it is done with the last one (no barrier between rounds). ``endpoints`` are every rank's
+    ``PairProbe.endpoint()``, ``probe`` this rank's :class:`PairProbe`.
 
     Example::
 
@@ -279,20 +275,11 @@ def measure(rank, leaders, endpoints, probe, nbytes=SENSE_NBYTES, repeats=SENSE_
         [nan, 0.1, 0.5]
         >>> measure(0, [0, 1, 2], ["e0", "e1", "e2"], Probe(), pairs=[(0, 2)]).tolist()
         [nan, nan, 0.5]
-        >>> calls = []
-        >>> measure(0, [0, 1, 2], ["e0", "e1", "e2"], Probe(), pairs=[(0, 1), (1, 2)],
-        ...         barrier=lambda: calls.append("barrier")).tolist(), len(calls)  # a barrier after each pair
-        ([nan, 0.1, nan], 2)
     """
     index = {r: i for i, r in enumerate(leaders)}
     row = np.full(len(leaders), np.nan)
-    if barrier is not None:
-        rounds = [[(leaders[a], leaders[b])] for a, b in (pairs if pairs is not None else
-                                                          [p for r in probe_rounds(range(len(leaders))) for p in r])]
-    elif pairs is None:
-        rounds = probe_rounds(leaders)
-    else:
-        rounds = [[(leaders[a], leaders[b]) for a, b in r] for r in pair_rounds(pairs)]
+    rounds = probe_rounds(leaders) if pairs is None else \
+        [[(leaders[a], leaders[b]) for a, b in r] for r in pair_rounds(pairs)]
     for round_pairs in rounds:
         for a, b in round_pairs:
             if rank not in (a, b):
@@ -304,6 +291,4 @@ def measure(rank, leaders, endpoints, probe, nbytes=SENSE_NBYTES, repeats=SENSE_
                     probe.server(a, nbytes, repeats)
             except OSError as error:
                 log.warning(f"hvd_dssync: sensing could not time the link between ranks {a} and {b}: {error}")
-        if barrier is not None:
-            barrier()
     return row
