@@ -87,7 +87,7 @@ def missing_patches(level):
         >>> missing_patches(PATCH_LEVEL)
         []
         >>> len(missing_patches(6))
-        2
+        3
     """
     return [_ADDS[k] for k in sorted(_ADDS) if k > level]
 
