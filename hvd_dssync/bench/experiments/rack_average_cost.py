@@ -29,9 +29,12 @@ import tempfile
 import time
 
 BESIDE_BYTES = 5_000_000
+# Horovod's ways of running a set's average, each a column: the sets ordered (as DS-Sync marks its groups),
+# negotiated, every op in Horovod's loop (as released); their --worker library names.
+HOROVOD_WAYS = {"ordered": "horovod", "negotiated": "horovod-negotiated", "loop": "horovod-loop"}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, ROOT)
-from hvd_dssync.bench.arguments import integers, positive_float  # noqa: E402
+from hvd_dssync.bench.arguments import integers, names, positive_float  # noqa: E402
 
 
 def _train_steps(model, optimizer, x, y, iteration, local, sleep):
@@ -192,6 +195,8 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a job is killed")
     parser.add_argument("--rows", type=integers("row", 1, 5), default=[1, 2, 3, 4, 5],
                         help="which of the five rows to run, comma-separated (default: all)")
+    parser.add_argument("--horovod", type=names("way", HOROVOD_WAYS), default=list(HOROVOD_WAYS),
+                        help="which of Horovod's ways to time, comma-separated (default: all)")
     parser.add_argument("--cycle-time-ms", type=positive_float, default=None,
                         help="HOROVOD_CYCLE_TIME for the Horovod jobs (default: Horovod's, 1 ms)")
     parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
@@ -221,12 +226,14 @@ def main(argv=None):
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
           flush=True)
-    print("| local steps before each average | Horovod, ordered sets | negotiated | every op in Horovod's loop "
-          "| torch.distributed subgroups | ratio | negotiated | in the loop |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    heads = {"ordered": "Horovod, ordered sets", "negotiated": "negotiated", "loop": "every op in Horovod's loop"}
+    ways = args.horovod
+    print(f"| local steps before each average | {' | '.join(heads[w] for w in ways)} | torch.distributed subgroups | "
+          f"{' | '.join(f'ratio, {w}' for w in ways)} |\n|---|{'---:|' * (2 * len(ways) + 1)}")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
         for label, steps, pause, averages, beside in rows:
             cells = []
-            for library in ("horovod", "horovod-negotiated", "horovod-loop", "torch"):
+            for library in [HOROVOD_WAYS[w] for w in ways] + ["torch"]:
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
                                           args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms)
                 if figures and beside:
@@ -235,7 +242,7 @@ def main(argv=None):
                 if failed:
                     print(f"  {library} ({label}): {failed}", file=sys.stderr, flush=True)
             text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
-            ratios = [f"{c / cells[3]:.2f}x" if None not in (c, cells[3]) else "-" for c in cells[:3]]
+            ratios = [f"{c / cells[-1]:.2f}x" if None not in (c, cells[-1]) else "-" for c in cells[:-1]]
             print(f"| {label} | {' | '.join(text)} | {' | '.join(ratios)} |", flush=True)
     return 0
 
