@@ -22,9 +22,9 @@ test-wide: setup
 test-core: setup
 	$(PY) -m pytest tests -m "not multirank"
 
-# The concurrent process sets' stress runs: 8 ranks, 20 runs under each launcher (about 15 minutes).
+# The process sets' stress runs: 8 ranks, 20 runs under each launcher, plain then ordered (about 30 minutes).
 stress: setup
-	cd tests && $(PY) stress_sets.py --runs 20
+	cd tests && $(PY) stress_sets.py --runs 20 && $(PY) stress_sets.py --runs 20 --ordered
 
 # Horovod's own process-set tests on the installed build; HOROVOD_SOURCE: a checkout of Horovod v0.28.1.
 horovod-process-set-tests: setup

@@ -1,6 +1,7 @@
 """The concurrent process sets' stress runs: ``tests/workers/sets_stress.py`` on 8 ranks, ``--runs`` times under
 each launcher (horovodrun --gloo, mpirun), each launch once under its timeout. Prints one line per run and the
-count of failures and hangs; exits non-zero on any. ``make stress`` runs it (20 runs each, about 10 minutes).
+count of failures and hangs; exits non-zero on any. ``--ordered``: every set marked ordered (patch level 9).
+``make stress`` runs it both ways (20 runs each, about 10 minutes a way).
 """
 import argparse
 import sys
@@ -14,6 +15,7 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--ordered", action="store_true", help="mark every set ordered")
     args = parser.parse_args()
     bad = {launcher: 0 for launcher in LAUNCHERS}
     hangs = {launcher: 0 for launcher in LAUNCHERS}
@@ -21,7 +23,8 @@ def main():
         for k in range(args.runs):
             started = time.monotonic()
             try:
-                output = run(launcher, 8, "sets_stress.py", "--rounds", str(args.rounds), timeout=args.timeout)
+                output = run(launcher, 8, "sets_stress.py", "--rounds", str(args.rounds),
+                             *(("--ordered",) if args.ordered else ()), timeout=args.timeout)
                 ok = output.count("all checks passed") == 8
                 verdict = "ok" if ok else "wrong output"
             except JobFailed as error:
