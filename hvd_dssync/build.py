@@ -20,17 +20,18 @@ _MARKERS = ((9, b"hvd_dssync-build-patch-level-9"), (8, b"hvd_dssync-build-patch
             (7, b"hvd_dssync-build-patch-level-7"),
             (6, b"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY"))
 
-# What each level adds, and what a job without it pays (docs/build.md has the figures).
-_ADDS = {
-    6: "waits that sleep instead of spinning and process sets' Gloo contexts on HOROVOD_GLOO_IFACE: without "
-       "them, with more ranks than cores, collectives that take milliseconds take seconds and Gloo jobs can time "
-       "out, and process sets on several hosts can hang in their rendezvous",
-    7: "concurrent process sets: without it every rank's Horovod loop runs the groups' averages one at a time, "
-       "so a group waits for the others' averages and DS-Sync's groups do not run side by side",
-    8: "MPI waits that sleep: without it, under mpirun with more ranks than cores, Horovod's negotiation and "
-       "the groups' averages keep every waiting rank's core busy, and single steps take seconds",
-    9: "ordered process sets: without it every group average waits for Horovod's loop to negotiate it with the "
-       "group's members first, a cycle or more, and longer beside other sets' ops",
+# What each level adds (its name, for ``python -m hvd_dssync info``) and what a job without it pays
+# (docs/build.md has the figures).
+_LEVELS = {
+    6: ("waits that sleep instead of spinning and process sets' Gloo contexts on HOROVOD_GLOO_IFACE",
+        "without them, with more ranks than cores, collectives that take milliseconds take seconds and Gloo jobs "
+        "can time out, and process sets on several hosts can hang in their rendezvous"),
+    7: ("concurrent process sets", "without it every rank's Horovod loop runs the groups' averages one at a time, "
+        "so a group waits for the others' averages and DS-Sync's groups do not run side by side"),
+    8: ("MPI waits that sleep", "without it, under mpirun with more ranks than cores, Horovod's negotiation and "
+        "the groups' averages keep every waiting rank's core busy, and single steps take seconds"),
+    9: ("ordered process sets", "without it every group average waits for Horovod's loop to negotiate it with "
+        "the group's members first, a cycle or more, and longer beside other sets' ops"),
 }
 
 
@@ -53,7 +54,7 @@ def patch_level(library=None):
 
     Example::
 
-        patch_level()   # 8 after scripts/setup.sh
+        patch_level()   # 9 after scripts/setup.sh
     """
     library = library or _library()
     if library is None:
@@ -63,20 +64,15 @@ def patch_level(library=None):
     return next((level for level, marker in _MARKERS if marker in data), 0)
 
 
-# What each level is called, for ``python -m hvd_dssync info``.
-_NAMES = {6: "sleeping waits and process sets' Gloo contexts", 7: "concurrent process sets",
-          8: "sleeping MPI waits", 9: "ordered process sets"}
-
-
 def supported(level):
     """The names of what the levels up to ``level`` add, newest first.
 
     Example::
 
-        >>> supported(8)
-        ['sleeping MPI waits', 'concurrent process sets', "sleeping waits and process sets' Gloo contexts"]
+        >>> supported(8)[:2]
+        ['MPI waits that sleep', 'concurrent process sets']
     """
-    return [_NAMES[k] for k in sorted(_NAMES, reverse=True) if k <= level]
+    return [_LEVELS[k][0] for k in sorted(_LEVELS, reverse=True) if k <= level]
 
 
 def missing_patches(level):
@@ -89,7 +85,7 @@ def missing_patches(level):
         >>> len(missing_patches(6))
         3
     """
-    return [_ADDS[k] for k in sorted(_ADDS) if k > level]
+    return [": ".join(_LEVELS[k]) for k in sorted(_LEVELS) if k > level]
 
 
 _warned = []
