@@ -102,14 +102,19 @@ class Averaging:
         model keeps this rank's own update."""
         self._pending = None
 
+    @property
+    def ordered_sets(self):
+        """Whether the groups' sets may be marked ordered (:mod:`hvd_dssync.process_sets`): not where sparse
+        averaging gathers rows on them."""
+        return not self.sparse.enabled
+
     def enter_window(self, world, step):
         """Register the process sets of the schedule's window at this step and release the last window's, when
         the step enters a new window (collectives: every rank at the same step)."""
         change = world.plan.window_change(step)
         if change is not None and not world.in_process_set:
             acquire, release = change
-            # Sparse averaging gathers rows on the groups' sets: those stay negotiated (process_sets.py).
-            self.registry.acquire(acquire, ordered=not self.sparse.enabled)
+            self.registry.acquire(acquire, ordered=self.ordered_sets)
             self.registry.release(release)
 
     def warm_window_sets(self, world):

@@ -103,7 +103,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._world_check_pending = elastic_job()
         if self._in_process_set():
             acquire_registered(hvd, scope, plan.schedule.window_groups(0), "hvd_dssync.torch.DistributedOptimizer",
-                               allgather_rows=allgather_job_rows, ordered=not config.sparse_average)
+                               allgather_rows=allgather_job_rows, ordered=self._averaging.ordered_sets)
         if not self._world_check_pending:
             self._check_ranks_agree()
             # The first window's process sets now, with the agreement: not in the first average's time.
