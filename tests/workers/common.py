@@ -26,6 +26,29 @@ def identify(hvd):
     return RANK, hvd.size()
 
 
+def init_with_dynamic_sets(hvd, size=None, job="the job"):
+    """``hvd.init()`` with dynamic process sets (unless the environment says otherwise), then :func:`identify`;
+    with ``size``, check that ``job`` runs on that many ranks. Returns this rank and the world's size."""
+    os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    hvd.init()
+    rank, world = identify(hvd)
+    if size is not None:
+        check(world == size, f"{job} runs on {size} ranks")
+    return rank, world
+
+
+def horovod_argument_warnings(build):
+    """``build()``'s result and the ``hvd_dssync.HorovodArgumentWarning``s it gave (every warning recorded)."""
+    import warnings
+
+    from hvd_dssync import HorovodArgumentWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = build()
+    return result, [w for w in caught if issubclass(w.category, HorovodArgumentWarning)]
+
+
 def launcher_rank(default="0"):
     """This process's rank as the launcher set it (horovodrun or mpirun), before Horovod is initialized."""
     return os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", default))

@@ -7,7 +7,6 @@ Prints ``B FINISHED FIRST`` or ``B WAITED FOR A`` on rank 0 and checks every val
 tensor (floats), ``--small-ops`` B's count.
 """
 import argparse
-import os
 import time
 
 import common
@@ -20,10 +19,7 @@ parser.add_argument("--big", type=int, default=150_000_000)
 parser.add_argument("--small-ops", type=int, default=30)
 args = parser.parse_args()
 
-os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-hvd.init()
-RANK, SIZE = common.identify(hvd)
-check(SIZE == 4, "the job runs on 4 ranks")
+RANK, SIZE = common.init_with_dynamic_sets(hvd, 4)
 set_a = hvd.add_process_set([0, 1])
 set_b = hvd.add_process_set([2, 3])
 

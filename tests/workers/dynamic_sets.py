@@ -11,9 +11,7 @@ import horovod.torch as hvd
 import torch
 from common import check
 
-os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-hvd.init()
-RANK, SIZE = common.identify(hvd)
+RANK, SIZE = common.init_with_dynamic_sets(hvd)
 check(os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY") is not None, "the test sets the cycle count")
 
 started = time.monotonic()

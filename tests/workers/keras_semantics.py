@@ -4,7 +4,6 @@ the custom-loop averager, Horovod's own callbacks, and the drop-in contract.
 Every check raises on failure, so a failing rank exits non-zero and fails the launch.
 """
 import argparse
-import warnings
 
 import common
 import horovod.tensorflow as hvd_tf
@@ -13,7 +12,7 @@ import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow
 import numpy as np
 import tensorflow as tf
 from common import behaviour, check, check_alike, expected_values, fail
-from hvd_dssync import HorovodArgumentWarning, SyncConfig
+from hvd_dssync import SyncConfig
 from hvd_dssync.schedules import Shuffle
 
 hvd.init()
@@ -172,27 +171,19 @@ def check_backward_passes(base, what):
           f"of both passes' gradients {want}")
 
 
-def ours(caught):
-    """The HorovodArgumentWarnings among the warnings ``caught``."""
-    return [w for w in caught if issubclass(w.category, HorovodArgumentWarning)]
-
-
 def check_drop_in():
     base = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5), momentum=0.9)
     # Horovod's arguments by position, in Horovod's order (num_groups, Horovod's 11th, is DS-Sync's).
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        opt = dss.DistributedOptimizer(base, "DropIn", "", "", hvd.Compression.none, False, 1.0, hvd.Average, 1,
-                                       False, 1, None, hvd.global_process_set, True, seed=3)
-    check(len(ours(caught)) == 1, f"Horovod's num_groups gave {len(ours(caught))} HorovodArgumentWarning(s)")
+    opt, warned = common.horovod_argument_warnings(lambda: dss.DistributedOptimizer(
+        base, "DropIn", "", "", hvd.Compression.none, False, 1.0, hvd.Average, 1, False, 1, None,
+        hvd.global_process_set, True, seed=3))
+    check(len(warned) == 1, f"Horovod's num_groups gave {len(warned)} HorovodArgumentWarning(s)")
     check(isinstance(opt, tf.keras.optimizers.SGD), "the optimizer is no longer an SGD")
     check(type(opt).__name__ == "SGD", f"class name {type(opt).__name__}")
     check(opt.get_config() == base.get_config(), "get_config differs from the wrapped optimizer's")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        legacy = dss.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(0.01),
-                                          sync=SyncConfig(num_groups=min(2, SIZE)))
-    check(not ours(caught), f"DS-Sync's num_groups through sync= warned {[str(w.message) for w in ours(caught)]}")
+    legacy, warned = common.horovod_argument_warnings(lambda: dss.DistributedOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.01), sync=SyncConfig(num_groups=min(2, SIZE))))
+    check(not warned, f"DS-Sync's num_groups through sync= warned {[str(w.message) for w in warned]}")
     check(isinstance(legacy, tf.keras.optimizers.legacy.Adam), "the legacy optimizer lost its class")
     for kwargs, error in [({"op": hvd_tf.Adasum}, "Adasum"), ({"backward_passes_per_step": 0}, "positive"),
                           ({"num_groups": SIZE + 1}, "num_groups"), ({"group_size": 2, "num_groups": 1}, "exactly one"),

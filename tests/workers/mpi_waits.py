@@ -8,7 +8,6 @@ sleeping MPI waits (scripts/patches/sleeping-mpi-waits.patch) sleep between poll
 sets the number of averages.
 """
 import argparse
-import os
 import resource
 import time
 
@@ -21,10 +20,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--ops", type=int, default=150)
 args = parser.parse_args()
 
-os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-hvd.init()
-RANK, SIZE = common.identify(hvd)
-check(SIZE == 8, "the job runs on 8 ranks")
+RANK, SIZE = common.init_with_dynamic_sets(hvd, 8)
 pairs = [hvd.add_process_set([2 * k, 2 * k + 1]) for k in range(SIZE // 2)]
 mine = pairs[RANK // 2]
 weights = torch.randn(256, 256)

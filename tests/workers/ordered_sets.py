@@ -9,7 +9,6 @@ naming the set, within seconds, and the set works again after it; an allgather o
 unnamed ops and the global set are unaffected. Prints one line of seconds per op on rank 0.
 """
 import argparse
-import os
 import time
 
 import common
@@ -23,10 +22,7 @@ parser.add_argument("--expect-ordered", type=int, default=1)
 parser.add_argument("--ops", type=int, default=40)
 args = parser.parse_args()
 
-os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-hvd.init()
-RANK, SIZE = common.identify(hvd)
-check(SIZE == 4, "the job runs on 4 ranks")
+RANK, SIZE = common.init_with_dynamic_sets(hvd, 4)
 sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
 mine, other = sets[RANK // 2], sets[1 - RANK // 2]
 marked = mark_ordered(mine)
@@ -34,10 +30,6 @@ check(marked == bool(args.expect_ordered), f"marking the set returned {marked}, 
 check(not mark_ordered(other), "a set this rank is not in was marked ordered here")
 check(not mark_ordered(hvd.global_process_set), "the global set was marked ordered")
 partner = RANK ^ 1
-
-
-def expected(values):
-    return (values(RANK) + values(partner)) / 2
 
 
 # Grouped averages: float32 and float64, 3 MB in all against a 1 MB fusion buffer, several in flight at once.
@@ -50,19 +42,22 @@ def tensors(rank, k):
                                                                                                             dtypes))]
 
 
+def check_average(k, handle):
+    """Op ``k``'s tensors, once done: the mean of this rank's and its partner's."""
+    for i, out in enumerate(hvd.synchronize(handle)):
+        want = (RANK * 10 + partner * 10) / 2 + k + i
+        check(bool((out == want).all()), f"op {k} tensor {i}: {out.flatten()[0].item()} != {want}")
+
+
 started = time.perf_counter()
 handles = []
 for k in range(args.ops):
     handles.append((k, hvd.grouped_allreduce_async(tensors(RANK, k), op=hvd.Average, process_set=mine,
                                                    name=f"ordered.{k}")))
     if len(handles) == 4:  # four in flight
-        k0, h = handles.pop(0)
-        for i, out in enumerate(hvd.synchronize(h)):
-            want = (RANK * 10 + partner * 10) / 2 + k0 + i
-            check(bool((out == want).all()), f"op {k0} tensor {i}: {out.flatten()[0].item()} != {want}")
-for k0, h in handles:
-    for i, out in enumerate(hvd.synchronize(h)):
-        check(bool((out == (RANK * 10 + partner * 10) / 2 + k0 + i).all()), f"op {k0} tensor {i} is wrong")
+        check_average(*handles.pop(0))
+for k, handle in handles:
+    check_average(k, handle)
 seconds = (time.perf_counter() - started) / args.ops
 hvd.allreduce(torch.zeros(1))  # an unnamed op of the global set between
 

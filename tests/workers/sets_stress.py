@@ -4,7 +4,6 @@ checked; a hang is the launcher's timeout. ``--rounds`` sets the length. With ``
 marked ordered (patch level 9: its allreduces skip the negotiation), and its ops are the allreduces it allows.
 """
 import argparse
-import os
 import time
 
 import common
@@ -17,10 +16,7 @@ parser.add_argument("--rounds", type=int, default=12)
 parser.add_argument("--ordered", action="store_true")
 args = parser.parse_args()
 
-os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-hvd.init()
-RANK, SIZE = common.identify(hvd)
-check(SIZE == 8, "the stress job runs on 8 ranks")
+RANK, SIZE = common.init_with_dynamic_sets(hvd, 8, job="the stress job")
 FIXED = [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7], [1, 2], [3, 4], [5, 6], [0, 7]]
 sets = [hvd.add_process_set(ranks) for ranks in FIXED]
 mine = [ps for ps in sets if ps.included()]

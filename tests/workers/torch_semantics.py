@@ -5,14 +5,13 @@ are interleaved with the DS-Sync steps throughout, as a user script would have t
 """
 import argparse
 import os
-import warnings
 
 import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
 from common import behaviour, check, check_alike, expected_values, fail
-from hvd_dssync import HorovodArgumentWarning, SyncConfig
+from hvd_dssync import SyncConfig
 
 RANK = SIZE = None
 
@@ -96,22 +95,14 @@ def check_synchronize_models():
     common.check_consensus(rows, torch.equal, dss.consensus_distance(model), "synchronize_models")
 
 
-def ours(caught):
-    """The HorovodArgumentWarnings among the warnings ``caught``."""
-    return [w for w in caught if issubclass(w.category, HorovodArgumentWarning)]
-
-
 def check_drop_in():
     model = torch.nn.Linear(4, 2)
     base = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                       compression=hvd.Compression.none, backward_passes_per_step=2,
-                                       op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
-                                       sparse_as_dense=False, process_set=hvd.global_process_set,
-                                       num_groups=1, seed=3)
-    check(len(ours(caught)) == 1, f"Horovod's num_groups gave {len(ours(caught))} HorovodArgumentWarning(s)")
+    opt, warned = common.horovod_argument_warnings(lambda: dss.DistributedOptimizer(
+        base, named_parameters=model.named_parameters(), compression=hvd.Compression.none, backward_passes_per_step=2,
+        op=hvd.Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+        process_set=hvd.global_process_set, num_groups=1, seed=3))
+    check(len(warned) == 1, f"Horovod's num_groups gave {len(warned)} HorovodArgumentWarning(s)")
     check(isinstance(opt, torch.optim.SGD), "the optimizer is no longer an SGD")
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -125,12 +116,10 @@ def check_drop_in():
         scheduler.step()
     check(abs(opt.param_groups[0]["lr"] - 0.125) < 1e-12, f"StepLR left lr {opt.param_groups[0]['lr']}")
     state = opt.state_dict()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        other = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
-                                         named_parameters=model.named_parameters(),
-                                         sync=SyncConfig(num_groups=1, seed=3))
-    check(not ours(caught), f"DS-Sync's num_groups through sync= warned {[str(w.message) for w in ours(caught)]}")
+    other, warned = common.horovod_argument_warnings(lambda: dss.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), named_parameters=model.named_parameters(),
+        sync=SyncConfig(num_groups=1, seed=3)))
+    check(not warned, f"DS-Sync's num_groups through sync= warned {[str(w.message) for w in warned]}")
     other.load_state_dict(state)
     check(other.sync_step == 2, f"load_state_dict restored sync_step {other.sync_step}, want 2")
     check(other.param_groups[0]["lr"] == opt.param_groups[0]["lr"], "load_state_dict lost the lr")
