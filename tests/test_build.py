@@ -72,7 +72,8 @@ def test_ordered_process_sets_skip_the_negotiation(launcher):
     """Sets marked ordered (patch level 9; on Horovod as released marking does nothing and the worker's first
     check fails): grouped averages of mixed dtypes larger than the fusion buffer give the exact means, four in
     flight; members that issue different ops (shape, count, name) all get the same error naming the set within
-    seconds, and the set works on; an allgather on it is refused."""
+    seconds, 300 such failed ops in a row do not hang (an executor that released a failed op's tensors under
+    its lock deadlocked with the posting thread), and the set works on; an allgather on it is refused."""
     output = run(launcher, 4, "ordered_sets.py", timeout=180, env={"HOROVOD_FUSION_THRESHOLD": str(1 << 20)})
     assert output.count("all checks passed") == 4, output
 

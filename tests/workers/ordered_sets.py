@@ -20,6 +20,7 @@ from hvd_dssync.process_sets import mark_ordered
 parser = argparse.ArgumentParser()
 parser.add_argument("--expect-ordered", type=int, default=1)
 parser.add_argument("--ops", type=int, default=40)
+parser.add_argument("--failing-ops", type=int, default=300)
 args = parser.parse_args()
 
 RANK, SIZE = common.init_with_dynamic_sets(hvd, 4)
@@ -81,6 +82,11 @@ if args.expect_ordered:
     mismatch("another shape", [torch.ones(3 if first else 4)], "mismatch.shape")
     mismatch("another count", [torch.ones(3) for _ in range(2 if first else 1)], "mismatch.count")
     mismatch("another name", [torch.ones(3)], "mismatch.a" if first else "mismatch.b")
+    # Failed ops back to back: a failed op's tensors are released by the executor after the op (PyTorch
+    # takes the interpreter lock for it) while this thread, holding that lock, posts the next op. The
+    # executor lets go of its own lock first; one that did not hung here (a few times in ten jobs).
+    for k in range(args.failing_ops):
+        mismatch(f"failing op {k}", [torch.ones(2 if first else 5)], f"failing.{k}")
     # Ops other than CPU allreduces are refused on an ordered set (a later allreduce could overtake them).
     try:
         hvd.allgather(torch.ones(2), process_set=mine, name="refused")
