@@ -96,17 +96,17 @@ def test_process_sets_switched_off_wait_for_each_other():
 
 @pytest.mark.multirank
 def test_mpi_waits_sleep():
-    """8 ranks on 2 cores under mpirun average in pairs between steps of compute: with the build's sleeping MPI
-    waits the job spends less of its CPU time in the kernel than with them off (HOROVOD_MPI_SLEEPING_WAITS=0,
-    MPI's blocking calls as released, whose waiting ranks poll with sched_yield), side by side."""
-    ratios = {}
+    """8 ranks on 2 cores under mpirun: a rank waiting in an average for its partner spends less CPU time with
+    the build's sleeping MPI waits than with them off (HOROVOD_MPI_SLEEPING_WAITS=0, MPI's blocking calls as
+    released, whose waiting ranks poll with sched_yield), side by side; averages between steps of compute
+    are exact either way. (Measured here: 0.05 against 0.16-0.20 CPU seconds per second of waiting.)"""
+    spent = {}
     for sleeping in ("1", "0"):
-        output = run("mpi", 8, "mpi_waits.py", "--ops", "150", timeout=180,
-                     env={"HOROVOD_MPI_SLEEPING_WAITS": sleeping})
+        output = run("mpi", 8, "mpi_waits.py", timeout=180, env={"HOROVOD_MPI_SLEEPING_WAITS": sleeping})
         assert output.count("all checks passed") == 8, output
-        ratios[sleeping] = float(re.search(r"KERNEL/USER (\d+\.\d\d)", output).group(1))
-    print(f"kernel/user CPU time: sleeping waits {ratios['1']:.2f}, blocking calls {ratios['0']:.2f}")
-    assert ratios["1"] < ratios["0"], ratios
+        spent[sleeping] = float(re.search(r"WAIT CPU (\d+\.\d+)", output).group(1))
+    print(f"CPU seconds per second of waiting: sleeping waits {spent['1']:.3f}, blocking calls {spent['0']:.3f}")
+    assert spent["1"] < spent["0"], spent
 
 
 # The stress jobs take turns over the launchers in make test (this one gloo, the ordered one mpi); both in
