@@ -16,7 +16,7 @@ import torch
 from common import check
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--ops", type=int, default=50)
+parser.add_argument("--ops", type=int, default=20)
 parser.add_argument("--wait", type=float, default=1.0)
 args = parser.parse_args()
 
