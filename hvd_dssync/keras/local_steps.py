@@ -8,7 +8,7 @@ import weakref
 
 import tensorflow as tf
 
-__all__ = ["LocalSteps", "PassAggregation"]
+__all__ = ["LocalSteps", "PassAggregation", "gradient_names"]
 
 
 class LocalSteps:
@@ -52,20 +52,6 @@ class LocalSteps:
         As with Horovod, ``iterations`` counts every pass, also those that only accumulate gradients.
         """
         return int(self.iterations.numpy()) // self._dssync_passes
-
-    def compute_gradients(self, loss, var_list, tape=None):
-        """This rank's own gradients, as :meth:`_compute_gradients`."""
-        return self._compute_gradients(loss, var_list, None, tape)
-
-    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-        """This rank's own gradients: unlike Horovod's, not allreduced (DS-Sync averages models instead).
-
-        Horovod's optimizers have it under both names, for both kinds of Keras optimizer; so does this one.
-        """
-        base = super(self.__class__, self)
-        if hasattr(base, "_compute_gradients"):
-            return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
-        return base.compute_gradients(loss, var_list, tape=tape)
 
     def register_local_var(self, var):
         """Keep ``var`` local to this rank, as Horovod: its gradient is never allreduced and it is never averaged.
@@ -136,6 +122,32 @@ class LocalSteps:
                 self._dssync_sums[key] = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
                                                      name="dssync_gradient_sum")
         return self._dssync_sums[key]
+
+
+def gradient_names(base):
+    """The gradient method of Horovod's two names that the Keras optimizer class ``base`` lacks, calling the one
+    it has: legacy optimizers have ``_compute_gradients``, the others ``compute_gradients``, and Horovod's
+    optimizers answer both. Either gives this rank's own gradients: unlike Horovod's, not allreduced (DS-Sync
+    averages models instead).
+
+    Example::
+
+        >>> sorted(gradient_names(tf.keras.optimizers.SGD)), sorted(gradient_names(tf.keras.optimizers.legacy.SGD))
+        (['_compute_gradients'], ['compute_gradients'])
+    """
+    if not hasattr(base, "compute_gradients"):
+        def compute_gradients(self, loss, var_list, tape=None):
+            """This rank's own gradients, as :meth:`_compute_gradients`."""
+            return self._compute_gradients(loss, var_list, None, tape)
+
+        return {"compute_gradients": compute_gradients}
+    if not hasattr(base, "_compute_gradients"):
+        def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+            """This rank's own gradients, as :meth:`compute_gradients`."""
+            return self.compute_gradients(loss, var_list, tape=tape)
+
+        return {"_compute_gradients": _compute_gradients}
+    return {}
 
 
 class PassAggregation:

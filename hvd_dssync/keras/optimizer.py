@@ -24,7 +24,7 @@ from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
 from .functions import allgather_job_rows, default_topology, job_topology
-from .local_steps import LocalSteps
+from .local_steps import LocalSteps, gradient_names
 from .outside import OutsideProcessSet
 from .sparse_rows import changes_other_rows
 from .sync import StepSync, make_plan, skip_instance
@@ -216,11 +216,12 @@ def _calling_model(optimizer):
 
 
 def _optimizer_class(optimizer, mixin):
-    """The user's optimizer class with ``mixin``'s methods (and its bases', below :class:`LocalSteps`).
+    """The user's optimizer class with ``mixin``'s methods (and its bases', below :class:`LocalSteps`), and the
+    gradient method of Horovod's two names it lacks (:func:`.local_steps.gradient_names`).
 
     The same class name and module, so a saved model names the plain optimizer (as Horovod's).
     """
-    methods = {}
+    methods = gradient_names(optimizer.__class__)
     for klass in (LocalSteps, mixin):
         methods.update({k: v for k, v in klass.__dict__.items() if k not in ("__dict__", "__weakref__")})
     methods["__module__"] = optimizer.__class__.__module__
