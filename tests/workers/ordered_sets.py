@@ -5,8 +5,9 @@ Checks: marking says whether the set is now ordered (``--expect-ordered 0`` wher
 ``HOROVOD_ORDERED_PROCESS_SETS=0`` is on, or on a build without it); grouped averages of mixed dtypes, larger
 than the fusion buffer (the job runs with a 1 MB threshold), give the exact means, several in flight at once;
 a mismatch (another shape, another tensor count, another name) fails on both members with the same error
-naming the set, within seconds, and the set works again after it; an allgather on an ordered set is refused;
-unnamed ops and the global set are unaffected. Prints one line of seconds per op on rank 0.
+naming the set, within seconds, ``--failing-ops`` such failed ops in a row do not hang, and the set works again
+after them; an allgather on an ordered set is refused; unnamed ops and the global set are unaffected. Prints
+one line of seconds per op on rank 0.
 """
 import argparse
 import time

@@ -30,8 +30,10 @@ import time
 
 BESIDE_BYTES = 5_000_000
 # Horovod's ways of running a set's average, each a column: the sets ordered (as DS-Sync marks its groups),
-# negotiated, every op in Horovod's loop (as released); their --worker library names.
-HOROVOD_WAYS = {"ordered": "horovod", "negotiated": "horovod-negotiated", "loop": "horovod-loop"}
+# negotiated, every op in Horovod's loop (as released); their --worker library names and column heads.
+HOROVOD_WAYS = {"ordered": ("horovod", "Horovod, ordered sets"),
+                "negotiated": ("horovod-negotiated", "negotiated"),
+                "loop": ("horovod-loop", "every op in Horovod's loop")}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, ROOT)
 from hvd_dssync.bench.arguments import integers, names, positive_float  # noqa: E402
@@ -226,14 +228,14 @@ def main(argv=None):
     print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
           f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
           flush=True)
-    heads = {"ordered": "Horovod, ordered sets", "negotiated": "negotiated", "loop": "every op in Horovod's loop"}
     ways = args.horovod
-    print(f"| local steps before each average | {' | '.join(heads[w] for w in ways)} | torch.distributed subgroups | "
+    print(f"| local steps before each average | {' | '.join(HOROVOD_WAYS[w][1] for w in ways)} | "
+          f"torch.distributed subgroups | "
           f"{' | '.join(f'ratio, {w}' for w in ways)} |\n|---|{'---:|' * (2 * len(ways) + 1)}")
     with Testbed(racks=racks, intra_mbit=args.intra_mbit, inter_mbit=args.inter_mbit) as bed:
         for label, steps, pause, averages, beside in rows:
             cells = []
-            for library in [HOROVOD_WAYS[w] for w in ways] + ["torch"]:
+            for library in [HOROVOD_WAYS[w][0] for w in ways] + ["torch"]:
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
                                           args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms)
                 if figures and beside:
