@@ -4,8 +4,9 @@ An overlapped average runs behind the local steps that follow it and is folded i
 adapter's ``overlap``). It wins where a step's compute leaves the host's cores and NIC idle (a GPU's forward
 and backward pass), and loses where the ranks' compute already fills the cores (the averaging then competes
 with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
-it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods (whole
-cycles of the schedule) with the averages waited for, as many overlapped, each period's seconds on each rank
+it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods or more (whole
+cycles of the schedule, each at least twice: :func:`replicates`) with the averages waited for, as many overlapped,
+each period's seconds on each rank
 (one allgather at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
 at least :data:`MIN_GAIN` shorter and by :data:`MIN_T` standard errors of the saving; else off, the safe
 choice (exact averages, no staleness): unsure is off. ``overlap=True``
@@ -17,7 +18,7 @@ import math
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "runs_trial", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
+__all__ = ["OverlapTrial", "runs_trial", "replicates", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept
@@ -42,32 +43,48 @@ def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
     return overlap is None and not lossy_compression and not adaptive and world_size > 1 and several_hosts
 
 
+def replicates(periods, cycle):
+    """How many times a trial times each place of the schedule's cycle each way: enough for ``periods``
+    averaging periods, and for 3 or more degrees of freedom left to the noise once each place's own mean is
+    taken out (:meth:`OverlapTrial.decide`).
+
+    Example::
+
+        >>> [replicates(4, cycle) for cycle in (1, 2, 3, 4, 8)]
+        [4, 3, 2, 2, 2]
+    """
+    return max(-(-int(periods) // cycle), 1 + -(-3 // cycle))
+
+
 class OverlapTrial:
     """The trial of one optimizer. ``start``: the first step after the warm-up; ``period``: steps between two
     averages; ``cycle``: the averages after which the schedule's kinds of average repeat (the topology-aware
     schedule's rack averages and its bridge: ``intra_steps + 1``), so that each way is timed over as many
-    averages of each kind (whole cycles, at least ``periods`` averages).
+    averages of each kind (whole cycles, at least ``periods`` averages, each place of the cycle at least
+    twice, :func:`replicates`).
 
     Example::
 
-        >>> trial = OverlapTrial(start=0, period=2, periods=2)
-        >>> OverlapTrial(start=0, period=4, cycle=4).length   # the racks' three averages and the bridge
-        16
+        >>> trial = OverlapTrial(start=0, period=1)
+        >>> OverlapTrial(start=0, period=4, cycle=4).length   # twice the racks' three averages and the bridge
+        32
         >>> [trial.overlap_at(s) for s in range(10)]
-        [False, False, False, False, False, False, True, True, True, True]
+        [False, False, False, False, False, True, True, True, True, True]
         >>> for s in range(10):
-        ...     trial.note(s, 0.3 if s < 6 else 0.2)
-        >>> trial.due(9), trial.figures().tolist()
-        (True, [[0.6, 0.6, 0.4, 0.4]])
-        >>> trial.decide(np.array([[0.6, 0.62, 0.4, 0.41], [0.61, 0.6, 0.42, 0.4]])), trial.overlap_at(10)
-        (True, True)
+        ...     trial.note(s, 0.3 if s < 5 else 0.2)
+        >>> trial.due(8), trial.figures().tolist()
+        (True, [[0.3, 0.3, 0.3, 0.3, 0.2, 0.2, 0.2, 0.2]])
+        >>> trial.decide([[0.3, 0.31, 0.3, 0.32, 0.2, 0.21, 0.2, 0.2], [0.31, 0.3, 0.3, 0.3, 0.21, 0.2, 0.2, 0.2]])
+        True
+        >>> trial.overlap_at(10)
+        True
     """
 
     def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN):
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
-        cycle = max(1, int(cycle))
-        self.blocks = cycle * -(-int(periods) // cycle)  # averaging periods timed each way
+        self.cycle = max(1, int(cycle))
+        self.blocks = self.cycle * replicates(periods, self.cycle)  # averaging periods timed each way
         self.length = self.period * self.blocks
         self.min_gain = float(min_gain)
         self.decided = None  # True / False once decided
@@ -100,18 +117,24 @@ class OverlapTrial:
 
     def decide(self, gathered):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
-        ``min_gain`` or more, and by more than the noise: the difference of each overlapped period from the
-        waited one at the same place in the schedule's cycle, averaged over the ranks, its mean at least
-        :data:`MIN_T` times its standard error over the periods (what the ranks' noise shares, as where they
-        wait for each other, stays in it; what is their own averages out). Returns the decision.
+        ``min_gain`` or more, and by more than the noise. The saving of each averaging period is the waited
+        period's seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the
+        ranks (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
+        averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
+        a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
+        average), which is no noise. Overlap is kept where the mean saving is :data:`MIN_T` standard errors or
+        more. Returns the decision.
         """
         periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
         self.gain = 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
-        saved = (waited - overlapped).mean(axis=0)  # paired by their place in the cycle
-        error = saved.std(ddof=1) / math.sqrt(self.blocks) if self.blocks > 1 else math.inf
-        sure = saved.mean() >= MIN_T * error
-        self.decided = bool(math.isfinite(self.gain) and self.gain >= self.min_gain and sure)
+        saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
+        spread = saved - saved.mean(axis=0)
+        freedom = saved.size - self.cycle
+        error = math.sqrt((spread ** 2).sum() / freedom / saved.size) if freedom > 0 else math.inf
+        # Sure of a gain of min_gain: the saving less MIN_T standard errors is still that share of a period.
+        sure = saved.mean() - MIN_T * error >= self.min_gain * waited.mean()
+        self.decided = bool(math.isfinite(self.gain) and sure)
         return self.decided
 
     def rule_out(self):
