@@ -68,18 +68,7 @@ if [ ! -f "$HOROVOD_MARK" ] || \
         "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build"
         tar -xzf "$build"/horovod-$HOROVOD_VERSION.tar.gz -C "$build"
         src="$build/horovod-$HOROVOD_VERSION"
-        # C++17 for the whole tree: torch >= 2.1 needs it, and gloo must match (horovod PR #3998).
-        sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-        sed -i 's/-std=c++11/-std=c++17/' "$src/third_party/gloo/CMakeLists.txt"
-        # Process sets: their Gloo contexts (interface, cross-host scope), dynamic sets agreed every few cycles;
-        # waits that sleep between polls.
-        python3 "$ROOT/scripts/patch_horovod.py" "$src"
-        # Larger patches as unified diffs, each with a header saying what and why.
-        for diff in "$ROOT"/scripts/patches/*.patch; do
-            patch -p1 -s -d "$src" < "$diff"
-        done
-        grep -q 'CMAKE_CXX_STANDARD 17' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-        grep -q 'c++17' "$src/third_party/gloo/CMakeLists.txt"
+        bash "$ROOT/scripts/patch_sources.sh" "$src"
         (cd "$src" && HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
             HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
             "$VENV/bin/python" -m pip wheel -q --no-build-isolation --no-deps . -w "$build/wheel" \
