@@ -4,12 +4,12 @@ An overlapped average runs behind the local steps that follow it and is folded i
 adapter's ``overlap``). It wins where a step's compute leaves the host's cores and NIC idle (a GPU's forward
 and backward pass), and loses where the ranks' compute already fills the cores (the averaging then competes
 with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
-it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods or more (whole
-cycles of the schedule, each at least twice: :func:`replicates`) with the averages waited for, as many overlapped,
-each period's seconds on each rank
-(one allgather at the trial's last step: every rank decides alike). Overlap stays on where it made the steps
-at least :data:`MIN_GAIN` shorter and by :data:`MIN_T` standard errors of the saving; else off, the safe
-choice (exact averages, no staleness): unsure is off. ``overlap=True``
+it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods or more
+(whole cycles of the schedule, each place of the cycle at least twice: :func:`replicates`) with the averages
+waited for, as many overlapped, each period's seconds on each rank (one allgather at the trial's last step:
+every rank decides alike). Overlap stays on where the saving less :data:`MIN_T` standard errors is still
+:data:`MIN_GAIN` of a waited period; else off, the safe choice (exact averages, no staleness): unsure is
+off. The trial weighs the steps' time alone, not what a stale average costs each step. ``overlap=True``
 or ``False`` decides without a trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
@@ -21,9 +21,9 @@ import numpy as np
 __all__ = ["OverlapTrial", "runs_trial", "replicates", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
-MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept
-# ... and by this many standard errors of the saving: with 4 periods each way, Student's t of 3 degrees of
-# freedom, one-sided, about 95% (2.35).
+MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
+# ... less this many standard errors of the saving: with 3 degrees of freedom (the fewest a trial leaves,
+# replicates), Student's t one-sided at 95% is 2.35.
 MIN_T = 2.5
 
 
@@ -122,8 +122,8 @@ class OverlapTrial:
         ranks (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
         averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
         a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
-        average), which is no noise. Overlap is kept where the mean saving is :data:`MIN_T` standard errors or
-        more. Returns the decision.
+        average), which is no noise. Overlap is kept where the mean saving less :data:`MIN_T` standard errors is
+        still ``min_gain`` of a waited period. Returns the decision.
         """
         periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
