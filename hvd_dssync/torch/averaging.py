@@ -234,7 +234,9 @@ class Averaging:
                 for tensor, before, averaged in zip(tensors, sent, received):
                     tensor.add_(averaged - before)
         self._outer_step()
-        self._remember(world, tensors)
+        # What the next exact bridge sends is the group's average, the same on every member, as where the
+        # average is waited for; the live model also holds this rank's steps since the average was sent.
+        self._remember(world, tensors if bridge is not None else received)
         return Done(action, issued + time.perf_counter() - started, nbytes)
 
     def _agreed_models(self, tensors):

@@ -11,8 +11,9 @@ import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
-from common import behaviour, check
+from common import averaged, behaviour, check, step_groups
 from hvd_dssync.overlap import OverlapTrial
+from hvd_dssync.plan import SyncPlan
 
 hvd.init()
 RANK, SIZE = common.identify(hvd)
@@ -30,7 +31,7 @@ def train(steps, **kwargs):
         opt.zero_grad()
         (model.weight * c).sum().backward()
         opt.step()
-        kinds.append(opt.last_sync["kind"])
+        kinds.append((opt.last_sync or {}).get("kind"))  # None: nothing folded in yet
     return model, opt, kinds
 
 
@@ -44,6 +45,44 @@ def check_stale_fold_is_exact(steps, **kwargs):
           f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
 
 
+def overlapped_reference(plan, size, steps):
+    """Every rank's weight after each of ``steps`` steps of overlapped DS-Sync averaging at every step (each
+    average folded in at the next step, after its local update): a rank sends its model, or at an exact bridge
+    the model its last average left, the same on every member of its rack (plus a bridge's carry, times the
+    bridge's scale; before any average, its model), and folds in ``average - sent``; a bridge rank then
+    carries ``carry`` times its move."""
+    values, agreed, carries, pending, history = [0.0] * size, [None] * size, [0.0] * size, None, []
+    for t in range(steps):
+        values = [v - LR * (r + 1) for r, v in enumerate(values)]
+        if pending is not None:
+            sent, got, bridges = pending
+            moves = [got[r] - sent[r] for r in range(size)]
+            values = [values[r] + moves[r] for r in range(size)]
+            carries = [0.0 if b is None else moves[r] * b.carry for r, b in enumerate(bridges)]
+            agreed = [values[r] if b is not None else got[r] for r, b in enumerate(bridges)]
+        _, groups = step_groups(plan, t, size)
+        bridges = [plan.schedule.bridge(r, plan.policy.schedule_step(t)) for r in range(size)]
+        sent = [values[r] if b is None or agreed[r] is None else agreed[r] for r, b in enumerate(bridges)]
+        work = [(sent[r] + carries[r]) * (1.0 if b is None else b.scale) for r, b in enumerate(bridges)]
+        pending, carries = (sent, averaged(work, groups), bridges), [0.0] * size
+        history.append(values)
+    return history
+
+
+def check_bridge_sends_the_racks_average(steps):
+    """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
+    holds the local step taken before the rack's average was folded in."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
+                   schedule_options={"intra_steps": 1})
+    model, opt, kinds = train(steps, overlap=True, **options)
+    check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
+    plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
+    want = overlapped_reference(plan, SIZE, steps)[-1]
+    got = hvd.allgather(model.weight.detach()[:, :1].reshape(1)).tolist()
+    check(all(abs(g - w) < 1e-5 for g, w in zip(got, want)), f"weights {got}, want {want}")
+    dss.synchronize_models(model)
+
+
 def check_one_host_runs_no_trial():
     """On one host (this job) ``overlap=None`` is off from the start: nothing to hide an average behind."""
     _, opt, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
@@ -54,6 +93,8 @@ with behaviour("a stale average is folded in exactly (shuffle, every 3 steps)"):
     check_stale_fold_is_exact(23, schedule="shuffle", num_groups=2, average_every=3)
 with behaviour("a stale average is folded in exactly (racks, exact bridges, every 4 steps)"):
     check_stale_fold_is_exact(29, schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)
+with behaviour("an exact bridge after an overlapped rack average sends the rack's average"):
+    check_bridge_sends_the_racks_average(10)
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)
