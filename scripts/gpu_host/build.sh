@@ -27,4 +27,4 @@ PYTHONPATH="$SITE/lib" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROV
     python3 -m pip wheel -q --no-build-isolation --no-deps . -w "$build/wheel" > "$build/build.log" 2>&1 \
     || { tail -n 40 "$build/build.log"; exit 1; }
 python3 -m pip install -q --no-deps --no-index --target "$SITE/lib" "$build"/wheel/horovod-*.whl
-PYTHONPATH="$SITE/lib:$R" python3 -m hvd_dssync info | head -9
+PYTHONPATH="$SITE/lib:$R" python3 -m hvd_dssync info | head -9 || true

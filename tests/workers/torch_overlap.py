@@ -5,7 +5,9 @@ Each rank's gradient is a constant of its own (the loss ``(w * c).sum()`` with `
 local step moves ``w`` by ``-lr * c`` whatever ``w`` is. Every average, waited for or folded in late as
 ``model += average - sent``, keeps the mean of the ranks' models; after ``synchronize_models`` every rank
 must hold the mean of what each rank computed, ``-lr * steps * mean(c)``, whichever average was still in
-flight. Usage: torch_overlap.py
+flight. The mean alone cannot tell what an exact bridge sent (a bridge keeps the sum whatever it sends), so
+with an average at every step (each folded in at the next, a fixed timing) every rank's weights are also
+checked against a reference of overlapped averaging. Usage: torch_overlap.py
 """
 import common
 import horovod.torch as hvd
