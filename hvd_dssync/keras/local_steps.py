@@ -151,7 +151,8 @@ def gradient_names(base):
 
 
 class PassAggregation:
-    """``opt._agg_helper`` with ``backward_passes_per_step`` > 1: Horovod's helper's readable attributes.
+    """The optimizer's ``_agg_helper`` (Horovod's name) with ``backward_passes_per_step`` > 1: Horovod's helper's
+    readable attributes.
 
     The accumulation itself runs in the optimizer (``_dssync_accumulate``).
     """

@@ -13,7 +13,7 @@ import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
-from common import averaged, behaviour, check, step_groups
+from common import averaged_step, behaviour, check
 from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
 
@@ -50,23 +50,20 @@ def check_stale_fold_is_exact(steps, **kwargs):
 def overlapped_reference(plan, size, steps):
     """Every rank's weight after each of ``steps`` steps of overlapped DS-Sync averaging at every step (each
     average folded in at the next step, after its local update): a rank sends its model, or at an exact bridge
-    the model its last average left, the same on every member of its rack (plus a bridge's carry, times the
-    bridge's scale; before any average, its model), and folds in ``average - sent``; a bridge rank then
-    carries ``carry`` times its move."""
+    the model its last average left, the same on every member of its rack (before any average, its model), and
+    folds in ``average - sent``; what is averaged, with the bridges' scale and carry, as in
+    ``common.averaged_step``."""
     values, agreed, carries, pending, history = [0.0] * size, [None] * size, [0.0] * size, None, []
     for t in range(steps):
         values = [v - LR * (r + 1) for r, v in enumerate(values)]
         if pending is not None:
             sent, got, bridges = pending
-            moves = [got[r] - sent[r] for r in range(size)]
-            values = [values[r] + moves[r] for r in range(size)]
-            carries = [0.0 if b is None else moves[r] * b.carry for r, b in enumerate(bridges)]
+            values = [values[r] + got[r] - sent[r] for r in range(size)]
             agreed = [values[r] if b is not None else got[r] for r, b in enumerate(bridges)]
-        _, groups = step_groups(plan, t, size)
         bridges = [plan.schedule.bridge(r, plan.policy.schedule_step(t)) for r in range(size)]
         sent = [values[r] if b is None or agreed[r] is None else agreed[r] for r, b in enumerate(bridges)]
-        work = [(sent[r] + carries[r]) * (1.0 if b is None else b.scale) for r, b in enumerate(bridges)]
-        pending, carries = (sent, averaged(work, groups), bridges), [0.0] * size
+        got, carries = averaged_step(plan, t, size, sent, carries)
+        pending = (sent, got, bridges)
         history.append(values)
     return history
 
