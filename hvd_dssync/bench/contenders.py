@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from .marks import MarkWatch
+from .marks import MarkWatch, link_bytes
 from .metric import attach_curves
 from .catalog import CONTENDERS, HOROVOD_BSP
 
@@ -176,7 +176,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
         with open(out_path) as f:
             record = json.load(f)
         attach_curves(record, out_path, config)
-        record["links"] = _link_bytes(marks)
+        record["links"] = link_bytes(marks)
         record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
                                   for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
         record["warnings"] = [line.strip() for line in _read(logs[0]).splitlines() if "Warning" in line][:5]
@@ -199,19 +199,6 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
                 rendezvous.kill()
         if bed.inter_mbit != original_rate:
             bed.set_inter_rate(original_rate)
-
-
-def _link_bytes(marks):
-    """Bytes per bottleneck link during training, split at each rate change that happened."""
-    if "start" not in marks or "end" not in marks:
-        return None
-    (t0, start), (t1, end) = marks["start"], marks["end"]
-    changes = sorted((v for k, v in marks.items() if k.startswith("rate_change.")), key=lambda m: m[0])
-    phases = [(t0, start)] + [m for m in changes if t0 <= m[0] <= t1] + [(t1, end)]
-    out = {"seconds": t1 - t0, "total": {k: end[k] - start[k] for k in end}, "phases": []}
-    for (ta, a), (tb, b) in zip(phases, phases[1:]):
-        out["phases"].append({"seconds": tb - ta, "bytes": {k: b[k] - a[k] for k in b}})
-    return out
 
 
 def _read(path):

@@ -24,13 +24,19 @@ Example::
         argv = launch_command(bed, "horovodrun", [sys.executable, "train.py"], tmp)
         proc = bed.popen_head(argv, env=launch_env(bed, "horovodrun", tmp))
 """
+import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 
-from hvd_dssync.bench.marks import MarkWatch
-from hvd_dssync.bench.metric import attach_curves
-from hvd_dssync.bench.remote_shell import host_command, write_agent
+from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed
+from .marks import MarkWatch, link_bytes
+from .metric import attach_curves
+from .remote_shell import host_command, write_agent
+from .testbed import kill_namespace_processes
 
 __all__ = ["LAUNCHERS", "MPIRUN_ONLY", "HIERARCHICAL_MCA", "contender_launcher", "launch_command", "launch_env",
            "head_command", "run_launched_contender"]
@@ -115,13 +121,6 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
     first host: the same record, with the link counters read at rank 0's ``MARK`` lines and the launcher in
     ``record["launcher"]``. A contender of :data:`MPIRUN_ONLY` needs ``launcher="mpirun"``
     (:func:`contender_launcher`)."""
-    import json
-    import subprocess
-    import tempfile
-    import threading
-
-    from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed, _link_bytes
-
     if contender not in HOROVOD_CONTENDERS:
         raise JobFailed(f"{contender}: not a Horovod job; {launcher} launches only {', '.join(HOROVOD_CONTENDERS)}")
     if contender in MPIRUN_ONLY and launcher != "mpirun":
@@ -167,7 +166,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
         with open(out_path) as f:
             record = json.load(f)
         attach_curves(record, out_path, config)
-        record["links"] = _link_bytes(marks)
+        record["links"] = link_bytes(marks)
         record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
                                   for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
         record["warnings"] = [line.strip() for line in lines if "Warning" in line][:5]
@@ -181,10 +180,8 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             except ProcessLookupError:
                 pass
         # The ranks on the other hosts are in their own sessions: kill what is left in every host.
-        from .testbed import _kill_namespace_processes
-
         for host in range(bed.host_count):
-            _kill_namespace_processes(bed.host_namespace(host))
+            kill_namespace_processes(bed.host_namespace(host))
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -8,7 +8,7 @@ Both ways of starting a contender (the bench's own ranks, the real launchers) re
 import threading
 import time
 
-__all__ = ["MarkWatch"]
+__all__ = ["MarkWatch", "link_bytes"]
 
 
 class MarkWatch:
@@ -20,7 +20,7 @@ class MarkWatch:
         watch.note("start")           # on rank 0's "MARK start": timers for the rate changes start
         ...
         watch.stop()                  # in a finally: no rate change after the run
-        links = _link_bytes(watch.marks)
+        links = link_bytes(watch.marks)
     """
 
     def __init__(self, bed, rate_changes, log):
@@ -49,3 +49,16 @@ class MarkWatch:
         self.marks[f"rate_change.{k}"] = (time.monotonic(), self.bed.bottleneck_bytes())
         self.bed.set_inter_rate(mbit)
         self.log(f"    dynamic contention: inter-rack rate now {mbit} Mbit/s")
+
+
+def link_bytes(marks):
+    """Bytes per bottleneck link during training, split at each rate change that happened."""
+    if "start" not in marks or "end" not in marks:
+        return None
+    (t0, start), (t1, end) = marks["start"], marks["end"]
+    changes = sorted((v for k, v in marks.items() if k.startswith("rate_change.")), key=lambda m: m[0])
+    phases = [(t0, start)] + [m for m in changes if t0 <= m[0] <= t1] + [(t1, end)]
+    out = {"seconds": t1 - t0, "total": {k: end[k] - start[k] for k in end}, "phases": []}
+    for (ta, a), (tb, b) in zip(phases, phases[1:]):
+        out["phases"].append({"seconds": tb - ta, "bytes": {k: b[k] - a[k] for k in b}})
+    return out

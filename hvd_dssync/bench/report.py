@@ -10,6 +10,11 @@ import json
 
 import numpy as np
 
+from ..config import SyncConfig
+from ..plan import SyncPlan
+from ..policy import BSP, GLOBAL, GROUP
+from ..sensing import Sensed
+from ..topology import Topology
 from .catalog import ALONE, POSTLOCAL, dssync_arguments, higher_target, period_of
 
 __all__ = ["summarize", "higher_target", "combine", "bootstrap_interval", "call", "estimate_bottleneck_bytes", "markdown_table", "write_json",
@@ -53,14 +58,7 @@ def _groups_per_step(contender, steps, racks, config, sensed=None):
             else:
                 out.append(None)
         return out
-    from ..plan import SyncPlan
-    from ..policy import BSP, GLOBAL, GROUP
-    from ..topology import Topology
-
     if sensed:  # the default (dssync-default): resolved from what it sensed, as its optimizer resolved it
-        from ..config import SyncConfig
-        from ..sensing import Sensed
-
         found = Sensed(sensed["how"], sensed["racks"], hosts=sensed.get("hosts", 1))
         resolved, _ = SyncConfig(topology="auto").resolve(lambda *a: (found.topology(), found), lambda t: t)
         arguments = {k: v for k, v in resolved.plan_arguments().items() if k not in ("seed", "warmup_steps")}

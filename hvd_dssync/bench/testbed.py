@@ -30,7 +30,7 @@ import socket
 import subprocess
 import uuid
 
-__all__ = ["Testbed", "namespaces_available", "cleanup_stale", "STATE_DIR"]
+__all__ = ["Testbed", "namespaces_available", "cleanup_stale", "kill_namespace_processes", "STATE_DIR"]
 
 STATE_DIR = "/run/hvd_dssync-testbed"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -84,7 +84,8 @@ def _pid_alive(pid):
     return True
 
 
-def _kill_namespace_processes(ns):
+def kill_namespace_processes(ns):
+    """SIGKILL every process in network namespace ``ns`` (what a run left behind there)."""
     pids = _ip("netns", "pids", ns, check=False).stdout.split()
     for pid in pids:
         try:
@@ -99,7 +100,7 @@ def _remove_run(run_id):
     for ns in _ip("netns", "list", check=False).stdout.split("\n"):
         name = ns.split(" ")[0]
         if name.startswith(prefix):
-            _kill_namespace_processes(name)
+            kill_namespace_processes(name)
             _ip("netns", "del", name, check=False)
             shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
     for line in _ip("-o", "link", "show", check=False).stdout.split("\n"):

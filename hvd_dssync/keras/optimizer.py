@@ -11,7 +11,6 @@ Elastic Horovod: under ``hvd.elastic.run`` the ranks check their agreement and r
 when the step is first traced, not at construction; ``hvd_dssync.keras.elastic.KerasState`` rebuilds the
 schedule for a new world and drops the traced ``train_function`` (see :mod:`.elastic`).
 """
-import sys
 import warnings
 import weakref
 
@@ -44,6 +43,9 @@ def step_sync_of(optimizer):
     return getattr(getattr(optimizer, "inner_optimizer", optimizer), "_dssync", None)
 
 
+_WHAT = "hvd_dssync.keras.DistributedOptimizer"
+
+
 class _DSSyncOptimizer(LocalSteps):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer` on the process set's ranks."""
 
@@ -55,14 +57,12 @@ class _DSSyncOptimizer(LocalSteps):
         # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = sync.config.average_buffers
-        shapes = None
-        if model is not None and model.built:
-            shapes = [(v.name, tuple(v.shape), v.dtype.name) for v in model.variables]
-        self._dssync_fingerprint = (shapes, options)
+        self._dssync_options = options
         if not elastic_job():
             # Under elastic Horovod a joining worker builds its optimizer while the others sync state, so
             # no collective may run here: the first trace of the step connects instead (apply_gradients).
-            self._dssync.connect("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
+            # What each rank averages is compared there too: a model may come later (set_model).
+            self._dssync.connect(_WHAT, options=options)
 
     @property
     def schedule(self):
@@ -90,8 +90,9 @@ class _DSSyncOptimizer(LocalSteps):
         if not grads_and_vars:
             return super(self.__class__, self).apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = (list(x) for x in zip(*grads_and_vars))
-        self._dssync.ensure_connected("hvd_dssync.keras.DistributedOptimizer", *self._dssync_fingerprint)
         averaged = self._dssync_averaged(variables)
+        shapes = [(i, tuple(v.shape), v.dtype.name) for i, v in enumerate(averaged)]
+        self._dssync.ensure_connected(_WHAT, shapes, self._dssync_options)
         tables = self._dssync_row_tables(grads, variables, averaged)
         self._dssync.sparse.use([variables[i] for i in tables])
         # The wrapped optimizer's own gradient aggregation runs inside; it is not a wrapper's call.
@@ -183,36 +184,25 @@ class _DSSyncOptimizer(LocalSteps):
     def _dssync_averaged(self, variables):
         """The variables averaged each step: the trained ones, plus the model's float non-trainables."""
         averaged = [v for v in variables if v.ref() not in self._dssync_local_vars]
-        model = self._dssync_model() if self._dssync_model is not None else _calling_model(self)
+        model = None if self._dssync_model is None else self._dssync_model()
         if model is not None and self._dssync_average_non_trainable:
             seen = {v.ref() for v in averaged} | self._dssync_local_vars
             averaged += [v for v in model.non_trainable_variables
                          if v.dtype.is_floating and v.ref() not in seen]
         return averaged
 
+    def set_model(self, model):
+        """Average ``model``'s float non-trainable variables (BatchNorm statistics) with the trained ones, as
+        ``model=`` does; for an optimizer built before its model (``load_model`` calls it). Call it before the
+        first step is traced: a traced step keeps the variables it found."""
+        if not isinstance(model, tf.keras.Model):
+            raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
+        self._dssync_model = weakref.ref(model)
+
     def follow_world(self):
         """Rebuild the schedule for Horovod's current world after an elastic reset (:class:`.elastic.KerasState`
         calls it); no communication."""
         self._dssync.rebuild()
-
-
-def _calling_model(optimizer):
-    """The Keras model whose ``train_step`` is tracing this optimizer's step, if any.
-
-    ``model.fit`` hands the optimizer only the trainable variables; the model's other variables
-    (BatchNorm statistics) are found here, once, at trace time.
-    """
-    frame = sys._getframe(2)
-    for _ in range(16):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, tf.keras.Model):
-            owner = getattr(candidate, "optimizer", None)
-            if owner is optimizer or getattr(owner, "inner_optimizer", None) is optimizer:
-                return candidate
-        frame = frame.f_back
-    return None
 
 
 def _optimizer_class(optimizer, mixin):
@@ -287,8 +277,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             (None): 4 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
             ``schedule``), 8 where it sensed hosts on one flat network (one group of every rank), else 1
             (``hvd_dssync.config.default_average_every``).
-        model: the Keras model; found automatically when training with ``model.fit``.
-        average_non_trainable: set False to keep non-trainable variables (BatchNorm statistics) local.
+        model: the Keras model; its float non-trainable variables (BatchNorm statistics) are averaged too.
+            Without it only the trainable variables are (``model.fit`` hands the optimizer nothing else), and
+            each rank keeps its own statistics, as with Horovod.
+        average_non_trainable: set False to keep the model's non-trainable variables local.
         schedule_options: extra arguments for the named schedule. Shuffle defaults to
             ``window_steps=None`` here: its partitions never change (see docs/keras.md).
         policy: None or "fixed" (the periods above), or "adaptive" (or an
@@ -313,7 +305,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         import hvd_dssync.keras as dss
 
         hvd.init()
-        opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()), group_size=4, seed=0)
+        opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()), group_size=4, seed=0,
+                                       model=model)  # model=: its BatchNorm statistics are averaged too
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                    dss.callbacks.SynchronizeModelsCallback()])

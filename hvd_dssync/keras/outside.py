@@ -26,6 +26,11 @@ class OutsideProcessSet:
     def _dssync_setup(self, sparse_as_dense):
         self._dssync_sparse_as_dense = sparse_as_dense
 
+    def set_model(self, model):
+        """Nothing to average here; the same check as on the set's ranks."""
+        if not isinstance(model, tf.keras.Model):
+            raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
+
     def _allreduce_grads(self, grads, vars=None):
         """``grads`` unchanged, as Horovod's on a rank outside its process set (dense with ``sparse_as_dense``)."""
         if not self._dssync_sparse_as_dense:

@@ -48,4 +48,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compile=Tr
         # Keras 2 loads a SavedModel's weights but not its optimizer's state (iterations, slots); the
         # checkpoint inside holds them under the model's "optimizer" (slots restore once built).
         tf.train.Checkpoint(optimizer=model.optimizer).restore(variables).expect_partial()
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer) if compile else None
+    if hasattr(optimizer, "set_model"):
+        # The optimizer was built before its model: give it the model's BatchNorm statistics to average.
+        optimizer.set_model(model)
     return model

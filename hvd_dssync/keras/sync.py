@@ -81,6 +81,7 @@ class StepSync:
         self.config = config
         self._registry = registry_for(hvd)
         self._generation = None  # the registry's generation when this rank last connected; None: not yet
+        self._compared = None  # the generation whose averaged tensors the ranks compared; None: not yet
         # Inside a process set: the set's ranks, by position (see hvd_dssync.scope); else the whole job.
         self._scope = scope
         if self._in_process_set():
@@ -124,15 +125,15 @@ class StepSync:
         """
         generation = self._registry.refresh()
 
-        def allgather(payload):
-            return hvd.allgather(tf.constant(payload), name=f"{self.name}_agreement",
-                                 process_set=self.process_set).numpy()
-
-        check_ranks_agree(allgather, self.plan, parameters, options, what)
+        check_ranks_agree(self._allgather, self.plan, parameters, options, what)
+        self._compared = generation if parameters is not None else None
         if self.plan.world_size > 1 and not self._in_process_set():
             acquire, _ = self.plan.window_change(0)
             self._registry.acquire(acquire, ordered=self._ordered_sets())
         self._generation = generation
+
+    def _allgather(self, payload):
+        return hvd.allgather(tf.constant(payload), name=f"{self.name}_agreement", process_set=self.process_set).numpy()
 
     def _ordered_sets(self):
         """Whether the groups' sets may be marked ordered: not where sparse averaging gathers rows on them."""
@@ -143,10 +144,15 @@ class StepSync:
 
         Runs eagerly even while a step is traced (``tf.init_scope``). Without communication it notices a
         re-initialized Horovod (the registry's generation) and rebuilds the plan for the new world first.
+        ``parameters`` (what the step averages, known once it is traced) are compared once per world too: by
+        the connect, or by one more agreement check where the world was connected without them.
         """
         with tf.init_scope():
             generation = self._registry.refresh()
             if generation == self._generation:
+                if parameters is not None and self._compared != generation:
+                    check_ranks_agree(self._allgather, self.plan, parameters, options, what)
+                    self._compared = generation
                 return
             if self._generation is not None or (not self._in_process_set() and
                                                 (self.plan.world_size, self.plan.rank) != (hvd.size(), hvd.rank())):

@@ -56,7 +56,8 @@ def check_resume_recipe(base, directory, what):
     progress('check_resume_recipe')
     path = os.path.join(directory, f"{what}.h5")
     trained = named_model()
-    trained.compile(optimizer=dss.DistributedOptimizer(base.from_config(base.get_config()), **OPTIONS), loss="mse")
+    trained.compile(optimizer=dss.DistributedOptimizer(base.from_config(base.get_config()), model=trained, **OPTIONS),
+                    loss="mse")
     x, y = data(SAVED_STEPS)
     trained.fit(x, y, batch_size=4, verbose=0)
     if RANK == 0:
@@ -64,7 +65,7 @@ def check_resume_recipe(base, directory, what):
         model = dss.load_model(path, **OPTIONS)
     else:
         model = named_model()
-        model.compile(optimizer=dss.DistributedOptimizer(base.from_config(base.get_config()), **OPTIONS),
+        model.compile(optimizer=dss.DistributedOptimizer(base.from_config(base.get_config()), model=model, **OPTIONS),
                       loss="mse")
     opt = model.optimizer
     plan = opt._dssync.plan

@@ -25,7 +25,7 @@ def data(steps):
 def check_round_trip(fmt, directory, steps=3):
     options = {"num_groups": min(2, SIZE), "seed": 11, "global_every": 4}
     model = rank_valued_model()
-    model.compile(optimizer=dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), **options), loss="mse")
+    model.compile(optimizer=dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), model=model, **options), loss="mse")
     history = expected_values(model.optimizer._dssync.plan, SIZE, 2 * steps)
     x, y = data(steps)
     checker = CheckEachStep(history, f"{fmt} before saving")

@@ -55,15 +55,15 @@ class CheckEachStep(tf.keras.callbacks.Callback):
         self.step += 1
 
 
-def check_group_means_in_fit(what, steps=8, non_trainable=True, **kwargs):
+def check_group_means_in_fit(what, steps=8, non_trainable=True, give_model=True, **kwargs):
     model = rank_valued_model()
     opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), seed=7, average_non_trainable=non_trainable,
-                                   **kwargs)
+                                   model=model if give_model else None, **kwargs)
     model.compile(optimizer=opt, loss="mse")
     history = expected_values(opt._dssync.plan, SIZE, steps)
     x = np.random.default_rng(RANK).normal(size=(4 * steps, 3)).astype(np.float32)
     y = np.zeros((4 * steps, 2), np.float32)
-    checker = CheckEachStep(history, what, non_trainable)
+    checker = CheckEachStep(history, what, non_trainable and give_model)
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[checker])
     check(checker.step == steps, f"{what}: {checker.step} steps checked, want {steps}")
     check(not model.run_eagerly, "fit ran eagerly")
@@ -107,7 +107,7 @@ def check_training_with_callbacks():
     model = tf.keras.Sequential([tf.keras.Input(shape=(5,)), tf.keras.layers.Dense(8, activation="relu"),
                                  tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(1)])
     opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), num_groups=min(2, SIZE),
-                                   seed=1)
+                                   seed=1, model=model)
     model.compile(optimizer=opt, loss="mse", metrics=["mae"])
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
                  hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.05, warmup_epochs=1, steps_per_epoch=8,
@@ -202,6 +202,17 @@ def check_drop_in():
             check("disagree on seed (rank 0 has 0, rank 1 has 1" in str(e), f"mismatched seeds gave {e}")
         else:
             fail("ranks with different seeds were accepted")
+    if SIZE > 1:  # rank 0 averages the model's statistics, the others do not: an error, never a hang
+        model = rank_valued_model()
+        model.compile(optimizer=dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), num_groups=1,
+                                                         model=model if RANK == 0 else None), loss="mse")
+        try:
+            model.fit(np.zeros((4, 3), np.float32), np.zeros((4, 2), np.float32), batch_size=4, verbose=0)
+        except ValueError as e:
+            check("disagree on parameters (rank 0 has 6 tensors" in str(e) and "rank 1 has 4 tensors" in str(e),
+                  f"ranks averaging different variables gave {e}")
+        else:
+            fail("ranks averaging different variables trained")
     try:
         dss.DistributedOptimizer(object(), num_groups=1)
     except TypeError:
@@ -248,6 +259,9 @@ def main():
             "topology", schedule="topology", topology=racks, schedule_options={"intra_steps": 1})),
         ("group means in fit, local statistics", lambda: check_group_means_in_fit(
             "local statistics", num_groups=1, non_trainable=False)),
+        # model.fit hands the optimizer only the trainable variables: without model=, Horovod's behaviour.
+        ("group means in fit, no model", lambda: check_group_means_in_fit(
+            "no model: local statistics", num_groups=1, give_model=False)),
     ]
     if not args.quick:
         checks += [

@@ -29,7 +29,7 @@ def build():
     model = tf.keras.Sequential([tf.keras.Input(shape=(6,)), tf.keras.layers.Dense(16),
                                  tf.keras.layers.BatchNormalization(), tf.keras.layers.ReLU(),
                                  tf.keras.layers.Dense(1)])
-    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), **options())
+    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), model=model, **options())
     model.compile(optimizer=opt, loss="mse")
     return model
 
