@@ -85,10 +85,10 @@ def config_of(sync, keywords, in_process_set=False, unsupported=()):
         Traceback (most recent call last):
         ...
         ValueError: Arg ``sync`` holds DS-Sync's arguments; pass them there or as keywords, not both (got ``seed``).
-        >>> config_of(SyncConfig(overlap=True), {}, unsupported=("overlap",))
+        >>> config_of(SyncConfig(outer_momentum=0.5), {}, unsupported=("outer_momentum",))
         Traceback (most recent call last):
         ...
-        ValueError: Arg ``sync``: overlap=True is not supported by this adapter (PyTorch's only).
+        ValueError: Arg ``sync``: outer_momentum=0.5 is not supported by this adapter (PyTorch's only).
     """
     if sync is None:
         refuse_topology_in_process_set(in_process_set, keywords.get("schedule"), keywords.get("topology", AUTO))
@@ -102,7 +102,7 @@ def config_of(sync, keywords, in_process_set=False, unsupported=()):
                          f"(got {', '.join(f'``{name}``' for name in given)}).")
     for name in unsupported:
         value = getattr(sync, name)
-        if value:  # overlap None (decided by a trial) and 0.0 are off where the adapter has no such thing
+        if value:  # 0.0 (or None) is off where the adapter has no such thing
             raise ValueError(f"Arg ``sync``: {name}={value!r} is not supported by this adapter (PyTorch's only).")
     refuse_topology_in_process_set(in_process_set, sync.schedule, sync.topology)
     return sync
@@ -152,8 +152,9 @@ class SyncConfig:
     """DS-Sync's own arguments of one optimizer, validated when built; the errors name the argument.
 
     The fields are the keyword arguments both adapters' ``DistributedOptimizer`` take for DS-Sync, with
-    their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``overlap``
-    and ``outer_momentum`` act in the PyTorch adapter only, and the Keras adapter refuses them). Build one,
+    their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``outer_momentum``
+    acts in the PyTorch adapter only, and the Keras adapter refuses it; ``overlap=None`` runs a trial in the
+    PyTorch adapter only, and is off in the Keras one). Build one,
     and pass the same object as ``sync=`` to either adapter's ``DistributedOptimizer``, ``init`` and
     ``add_process_set_groups``: one place for each value (:func:`config_of`). ``schedule`` is a name in
     ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``topology`` is
@@ -197,7 +198,7 @@ class SyncConfig:
     schedule_options: object = None
     policy: object = None
     outer_momentum: float = 0.0
-    overlap: object = None  # True, False, or None: decided by a trial (hvd_dssync.overlap; PyTorch)
+    overlap: object = None  # True, False, or None: decided by a trial (hvd_dssync.overlap; off in Keras)
     average_buffers: bool = True
     sparse_average: bool = True
 

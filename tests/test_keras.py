@@ -51,6 +51,15 @@ def test_sparse_embedding_averaging_equals_dense():
     assert output.count("all checks passed") == 4, output
 
 
+def test_a_stale_average_is_folded_in_exactly():
+    """overlap=True in traced steps: averages run on a thread behind the local steps and are folded in at the next
+    average (shuffle; racks with exact bridges, checked against the reference of overlapped averaging), and after
+    synchronize_models every rank holds the mean of what the ranks computed; compression and the adaptive policy
+    are refused with overlap."""
+    output = run("mpi", 4, "keras_overlap.py", timeout=180)
+    assert output.count("all checks passed") == 4, output
+
+
 def test_process_sets_and_fp16_compression():
     """Two process sets train side by side in traced steps (exact group means); bad sets refused; fp16 keeps
     updates below its resolution, within its error bound of the exact group means. One SyncConfig registers

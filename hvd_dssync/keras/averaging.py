@@ -9,6 +9,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..differences import compress_difference, mix_difference
+from .overlap import OverlappedAveraging
 from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
 __all__ = ["Averaging", "ExactAverage"]
@@ -48,7 +49,7 @@ class Averaging:
         averaging.average(switch, variables, step, branch, check)          # after it
     """
 
-    def __init__(self, settings, process_set, guard, sparse, average):
+    def __init__(self, settings, process_set, guard, sparse, average, flight=None):
         # Horovod's arguments: op, compression, gradient_predivide_factor, sparse_as_dense, device_dense.
         self.op = settings["op"]
         self.compression = settings["compression"]
@@ -65,6 +66,9 @@ class Averaging:
         # Per variable, for exact bridges: what one left to add to the next group average, and the model the
         # last average left (what a bridge sends).
         self._carries, self._agreed = {}, {}
+        # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in a period late.
+        self.overlapped = None if flight is None else \
+            OverlappedAveraging(guard, flight, self.kept, (self._carries, self._agreed))
 
     def forget_reference(self):
         """After a change of world: the next average after the warm-up sets the reference again."""
@@ -142,6 +146,8 @@ class Averaging:
         """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor), whose switch
         branch is ``branch`` (a tensor); an op."""
         variables = list(variables)
+        if self.overlapped is not None:
+            return self.overlapped.average(switch, variables, step, branch, check)
         guard, sparse = self.guard, self.sparse
         begun = guard.begin(switch, branch, step, "group")
         by_rows = sparse.positions() if self.compression is hvd.Compression.none else {}
@@ -156,8 +162,8 @@ class Averaging:
         if bridged:
             own = values
             crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
-            carries = [self._kept(self._carries, v, "dssync_bridge_carry") for v in variables]
-            agreed = [self._kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+            carries = [self.kept(self._carries, v, "dssync_bridge_carry") for v in variables]
+            agreed = [self.kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
             # A crossing sends the model the last average left times its scale, any other branch the model plus
             # the carry waiting (group branches); the average's move is measured from what was sent, unscaled.
             base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, own)]
@@ -190,7 +196,7 @@ class Averaging:
                             *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
 
     @staticmethod
-    def _kept(store, variable, name, copy=False):
+    def kept(store, variable, name, copy=False):
         """``store``'s variable for ``variable`` (a reference, a carry, the model the last average left), made on
         first use outside any traced function: zeros, or with ``copy`` the variable's value then."""
         key = variable.ref()
@@ -204,7 +210,7 @@ class Averaging:
         if self._reference_set is None:
             with tf.init_scope():
                 self._reference_set = tf.Variable(False, trainable=False, name="dssync_reference_set")
-        return self._kept(self._references, variable, "dssync_reference")
+        return self.kept(self._references, variable, "dssync_reference")
 
     def _average_differences(self, switch, variables, values, bits, branch, step):
         """Lossy compression: the group's models averaged through compressed differences from a shared reference

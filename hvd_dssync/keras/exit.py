@@ -43,6 +43,8 @@ def _drain_before_shutdown():
 
     def drain():
         try:
+            for sync in list(_live):  # the averages still in flight (overlap=True) first
+                sync.drain()
             for process_set in process_sets.values():
                 hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"DSSync_exit_{process_set.process_set_id}",
                               process_set=process_set)

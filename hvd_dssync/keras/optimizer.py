@@ -53,7 +53,7 @@ class _DSSyncOptimizer(LocalSteps):
         """``sync`` holds DS-Sync's configuration (``sync.config``); ``options`` are the other arguments the
         ranks must agree on, by name."""
         self._dssync = sync
-        self._dssync_sparse_average = sync.config.sparse_average
+        self._dssync_sparse_average = sync.config.sparse_average and not sync.config.overlap
         # A weak reference: the model owns the optimizer, and a tracked model here would be saved twice.
         self._dssync_model = None if model is None else weakref.ref(model)
         self._dssync_average_non_trainable = sync.config.average_buffers
@@ -191,6 +191,11 @@ class _DSSyncOptimizer(LocalSteps):
                          if v.dtype.is_floating and v.ref() not in seen]
         return averaged
 
+    def synchronize(self):
+        """Fold in the average in flight (``overlap=True``) now, eagerly; nothing otherwise. A collective's end:
+        call it on every rank (``synchronize_models`` does)."""
+        self._dssync.drain()
+
     def set_model(self, model):
         """Average ``model``'s float non-trainable variables (BatchNorm statistics) with the trained ones, as
         ``model=`` does; for an optimizer built before its model (``load_model`` calls it). Call it before the
@@ -232,7 +237,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          num_groups=0, groups=None, process_set=hvd.global_process_set, scale_local_gradients=True,
                          *, group_size=None, seed=0, schedule=None, topology="auto",
                          warmup_steps=0, global_every=0, average_every=None, model=None, average_non_trainable=True,
-                         schedule_options=None, policy=None, sparse_average=True, sync=None):
+                         schedule_options=None, policy=None, sparse_average=True, overlap=None, sync=None):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
     Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: it takes the same arguments and
@@ -294,10 +299,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             adapter: the dense average's result, at a cost proportional to the rows in play. Needs SGD
             without momentum (or the legacy SGD's lazy momentum) or Adagrad; another optimizer, or a lossy
             ``compression``, averages densely. ``False``: dense.
+        overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
+            and is folded in where the next average starts (``model += average - sent``, keeping the progress
+            made meanwhile; :mod:`hvd_dssync.keras.overlap`); ``synchronize_models`` and the exit fold it in
+            first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
+            Horovod; embedding tables are then averaged densely. None or False (the default here: the
+            PyTorch adapter's trial of overlap is its own): every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
             same object builds the PyTorch optimizer and registers the groups: :func:`init`,
             :func:`add_process_set_groups`); with it, the keywords above keep their defaults. Its
-            ``overlap=True`` and ``outer_momentum`` are PyTorch's only and refused here.
+            ``outer_momentum`` is PyTorch's only and refused here.
 
     Example::
 
@@ -321,8 +332,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     config = config_of(sync, dict(num_groups=num_groups or None, group_size=group_size, seed=seed, schedule=schedule,
                                   topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                                   average_every=average_every, schedule_options=schedule_options, policy=policy,
-                                  average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average)),
-                       in_process_set, unsupported=("overlap", "outer_momentum"))
+                                  average_buffers=bool(average_non_trainable), sparse_average=bool(sparse_average),
+                                  overlap=overlap),
+                       in_process_set, unsupported=("outer_momentum",))
+    if config.overlap:  # what a thread's average in flight cannot follow
+        if compression is not hvd.Compression.none:
+            raise ValueError("Arg ``compression`` is not supported with overlap=True.")
+        if config.adaptive() is not None:
+            raise ValueError("Arg ``policy``: the adaptive policy is not supported with overlap=True in the Keras "
+                             "adapter (it times waited averages).")
+        if elastic_job():
+            raise ValueError("Arg ``overlap``: overlap=True is not supported under elastic Horovod in the Keras "
+                             "adapter (an average in flight would cross a reset).")
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
@@ -349,6 +370,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,
                "optimizer": type(optimizer).__name__, "backward_passes_per_step": backward_passes_per_step,
                "average_aggregated_gradients": average_aggregated_gradients, "sparse_average": config.sparse_average,
+               "overlap": bool(config.overlap),
                "scale_local_gradients": bool(scale_local_gradients)}
     # The set's size for scale_local_gradients is read from the plan at trace time (elastic worlds change).
     return _optimizer_class(optimizer, _DSSyncOptimizer).wrapping(

@@ -35,6 +35,7 @@ from .averaging import Averaging, ExactAverage
 from .exit import watch_until_exit
 from .functions import allgather_job_rows
 from .graph_plan import make_plan
+from .overlap import InFlight
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
 from .switch import KEEP_BRANCH, Switch
@@ -98,7 +99,9 @@ class StepSync:
         self.sparse = SparseRows(self.name, process_set, exact_average)  # embedding tables by their rows
         horovod_settings = {"op": op, "compression": compression, "sparse_as_dense": sparse_as_dense,
                             "gradient_predivide_factor": gradient_predivide_factor, "device_dense": device_dense}
-        self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average)
+        # overlap=True: each average runs on a thread of its own through the local steps that follow (.overlap).
+        flight = InFlight(self.name) if config is not None and config.overlap else None
+        self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
         # Created here, eagerly: a variable created while a tf.function is traced makes it trace again.
@@ -287,6 +290,12 @@ class StepSync:
         if self.plan.world_size == 1 or not variables or not self._table.any():
             return tf.group(*check)
         return self.averaging.average(self.switch, variables, step, self.branch(step), check)
+
+    def drain(self):
+        """Fold in the average in flight (``overlap=True``), eagerly; nothing otherwise. Call it on every rank,
+        where the models must be what waited averages would have left (``synchronize_models``, exit)."""
+        if self.averaging.overlapped is not None:
+            self.averaging.overlapped.drain()
 
     def adapt(self, step, seconds, compute_seconds):
         """Note a step's figures under the adaptive policy and decide at a decision step

@@ -171,6 +171,29 @@ def averaged_step(plan, step, size, values, carries):
     return new, [0.0 if b is None else (new[r] - values[r]) * b.carry for r, b in enumerate(bridges)]
 
 
+def overlapped_reference(plan, size, steps, lr):
+    """Every rank's weight after each of ``steps`` steps of overlapped DS-Sync averaging at every step, where
+    rank r's gradient is the constant ``r + 1`` and SGD's rate ``lr`` (each average folded in at the next step,
+    after its local update): a rank sends its model, or at an exact bridge the model its last average left,
+    the same on every member of its rack (before any average, its model), and folds in ``average - sent``;
+    what is averaged, with the bridges' scale and carry, as in :func:`averaged_step`. Returns that history
+    and the weights once the last average is folded in too (a drain)."""
+    values, agreed, carries, pending, history = [0.0] * size, [None] * size, [0.0] * size, None, []
+    for t in range(steps):
+        values = [v - lr * (r + 1) for r, v in enumerate(values)]
+        if pending is not None:
+            sent, got, bridges = pending
+            values = [values[r] + got[r] - sent[r] for r in range(size)]
+            agreed = [values[r] if b is not None else got[r] for r, b in enumerate(bridges)]
+        bridges = [plan.schedule.bridge(r, plan.policy.schedule_step(t)) for r in range(size)]
+        sent = [values[r] if b is None or agreed[r] is None else agreed[r] for r, b in enumerate(bridges)]
+        got, carries = averaged_step(plan, t, size, sent, carries)
+        pending = (sent, got, bridges)
+        history.append(values)
+    sent, got, _ = pending
+    return history, [values[r] + got[r] - sent[r] for r in range(size)]
+
+
 def simulate(ranks, schedule, policy, values, grads, lr, steps):
     """Exact DS-Sync with SGD inside the process set of ``ranks``: each member's value after each step.
 

@@ -13,7 +13,7 @@ import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
-from common import averaged_step, behaviour, check
+from common import behaviour, check, overlapped_reference
 from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
 
@@ -47,27 +47,6 @@ def check_stale_fold_is_exact(steps, **kwargs):
           f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
 
 
-def overlapped_reference(plan, size, steps):
-    """Every rank's weight after each of ``steps`` steps of overlapped DS-Sync averaging at every step (each
-    average folded in at the next step, after its local update): a rank sends its model, or at an exact bridge
-    the model its last average left, the same on every member of its rack (before any average, its model), and
-    folds in ``average - sent``; what is averaged, with the bridges' scale and carry, as in
-    ``common.averaged_step``."""
-    values, agreed, carries, pending, history = [0.0] * size, [None] * size, [0.0] * size, None, []
-    for t in range(steps):
-        values = [v - LR * (r + 1) for r, v in enumerate(values)]
-        if pending is not None:
-            sent, got, bridges = pending
-            values = [values[r] + got[r] - sent[r] for r in range(size)]
-            agreed = [values[r] if b is not None else got[r] for r, b in enumerate(bridges)]
-        bridges = [plan.schedule.bridge(r, plan.policy.schedule_step(t)) for r in range(size)]
-        sent = [values[r] if b is None or agreed[r] is None else agreed[r] for r, b in enumerate(bridges)]
-        got, carries = averaged_step(plan, t, size, sent, carries)
-        pending = (sent, got, bridges)
-        history.append(values)
-    return history
-
-
 def check_bridge_sends_the_racks_average(steps):
     """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
     holds the local step taken before the rack's average was folded in."""
@@ -76,7 +55,7 @@ def check_bridge_sends_the_racks_average(steps):
     model, opt, kinds = train(steps, overlap=True, **options)
     check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
-    want = overlapped_reference(plan, SIZE, steps)[-1]
+    want = overlapped_reference(plan, SIZE, steps, LR)[0][-1]
     got = hvd.allgather(model.weight.detach()[:, :1].reshape(1)).tolist()
     check(all(abs(g - w) < 1e-5 for g, w in zip(got, want)), f"weights {got}, want {want}")
     dss.synchronize_models(model)

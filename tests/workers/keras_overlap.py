@@ -1,0 +1,87 @@
+"""One rank of the Keras overlap job (4 ranks): a stale average is folded in exactly, and what overlap cannot
+follow is refused.
+
+Each rank's gradient is a constant of its own (``rank + 1``), applied in a traced step, so that a local step
+moves every weight by ``-lr * (rank + 1)``. Every average, folded in a period late as ``model += average -
+sent``, keeps the mean of the ranks' models; after ``synchronize_models`` every rank must hold the mean of what
+each rank computed. With an average at every step (racks, then an exact bridge) every rank's weights are also
+checked against the reference of overlapped averaging (``common.overlapped_reference``) once
+``synchronize()`` has folded in the last one. Usage: keras_overlap.py
+"""
+import common
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import hvd_dssync.keras as dss
+import numpy as np
+import tensorflow as tf
+from common import behaviour, check, expect_error, overlapped_reference
+from hvd_dssync.plan import SyncPlan
+
+hvd.init()
+RANK, SIZE = common.identify(hvd)
+LR = 0.125  # a power of two: float32 sums stay exact
+
+
+def train(steps, **kwargs):
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1, use_bias=False,
+                                                                                   kernel_initializer="zeros")])
+    opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(LR), overlap=True, model=model, **kwargs)
+    model.compile(optimizer=opt, loss="mse")  # model.optimizer: what synchronize_models drains
+    kernel = model.trainable_variables[0]
+    gradient = tf.fill(kernel.shape, float(RANK + 1))
+
+    @tf.function
+    def step():
+        opt.apply_gradients([(gradient, kernel)])
+
+    for _ in range(steps):
+        step()
+    return model, opt, kernel
+
+
+def weights(kernel):
+    return hvd_tf.allgather_object(float(kernel.numpy().reshape(-1)[0]), name="test.weights")
+
+
+def check_stale_fold_is_exact(steps, **kwargs):
+    model, _, kernel = train(steps, **kwargs)
+    dss.synchronize_models(model)
+    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    got = kernel.numpy().reshape(-1)
+    check(np.allclose(got, want, atol=1e-5),
+          f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
+
+
+def check_against_the_reference(steps):
+    """Racks then an exact bridge at every step: once the average in flight is folded in, every rank's weights
+    are the reference's (a rank alone at a bridge folds its rack's average in when a poll finds it done, there
+    or at the next average: the same weights once drained)."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
+                   schedule_options={"intra_steps": 1})
+    _, opt, kernel = train(steps, **options)
+    _, drained = overlapped_reference(SyncPlan(rank=RANK, world_size=SIZE, **options), SIZE, steps, LR)
+    opt.synchronize()
+    got = weights(kernel)
+    check(np.allclose(got, drained, atol=1e-5), f"after synchronize() {got}, want {drained}")
+
+
+def check_refusals():
+    sgd = tf.keras.optimizers.SGD(0.1)
+    expect_error(ValueError, ["compression", "overlap=True"], lambda: dss.DistributedOptimizer(
+        sgd, overlap=True, compression=hvd.Compression.fp16, num_groups=1))
+    expect_error(ValueError, ["adaptive policy", "overlap=True"], lambda: dss.DistributedOptimizer(
+        sgd, overlap=True, policy="adaptive"))
+
+
+with behaviour("a stale average is folded in exactly (shuffle, every 3 steps)"):
+    check_stale_fold_is_exact(23, schedule="shuffle", num_groups=2, average_every=3)
+with behaviour("a stale average is folded in exactly (racks, exact bridges, every 4 steps)"):
+    check_stale_fold_is_exact(29, schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)
+with behaviour("overlapped racks and bridges match the reference once drained"):
+    check_against_the_reference(10)
+with behaviour("what overlap cannot follow is refused"):
+    check_refusals()
+with behaviour("the script ends with an average in flight: the exit drain folds it in"):
+    _, opt, _ = train(5, schedule="shuffle", num_groups=2, average_every=1)
+    check(opt._dssync.averaging.overlapped.flight.pending, "the last step's average is not in flight")
+print(f"rank {RANK}: all checks passed", flush=True)
