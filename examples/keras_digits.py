@@ -33,6 +33,7 @@ def parse_args():
     parser.add_argument("--schedule", default="default", choices=("default", "shuffle", "butterfly"),
                         help="default: the one-line swap, no DS-Sync argument (the racks are sensed)")
     parser.add_argument("--group-size", type=int, default=2, help="ranks per group (at most), for shuffle")
+    parser.add_argument("--overlap", action="store_true", help="DS-Sync's averages behind the next steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
@@ -58,11 +59,12 @@ def train(name, args, data):
     model = build_model(args)
     optimizer = tf.keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    overlap = {"overlap": True} if args.overlap else {}
     if name == "dssync" and args.schedule == "default":
-        optimizer = dss.DistributedOptimizer(optimizer)  # the one-line swap
+        optimizer = dss.DistributedOptimizer(optimizer, **overlap)  # the one-line swap
     elif name == "dssync":
         groups = {"group_size": min(args.group_size, hvd.size())} if args.schedule == "shuffle" else {}
-        optimizer = dss.DistributedOptimizer(optimizer, schedule=args.schedule, seed=args.seed, **groups)
+        optimizer = dss.DistributedOptimizer(optimizer, schedule=args.schedule, seed=args.seed, **groups, **overlap)
     if name == "dssync":
         callbacks += [dss.callbacks.ConsensusDistanceCallback(), dss.callbacks.SynchronizeModelsCallback()]
     else:
