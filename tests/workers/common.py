@@ -171,6 +171,18 @@ def averaged_step(plan, step, size, values, carries):
     return new, [0.0 if b is None else (new[r] - values[r]) * b.carry for r, b in enumerate(bridges)]
 
 
+# What both adapters' overlap jobs check (4 ranks): (behaviour, steps, optimizer arguments) of the stale fold's
+# mean, and the racks-then-a-bridge-every-step arguments of the check against overlapped_reference.
+STALE_FOLD_CASES = [
+    ("a stale average is folded in exactly (shuffle, every 3 steps)", 23,
+     dict(schedule="shuffle", num_groups=2, average_every=3)),
+    ("a stale average is folded in exactly (racks, exact bridges, every 4 steps)", 29,
+     dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)),
+]
+BRIDGE_EVERY_STEP = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
+                         schedule_options={"intra_steps": 1})
+
+
 def overlapped_reference(plan, size, steps, lr):
     """Every rank's weight after each of ``steps`` steps of overlapped DS-Sync averaging at every step, where
     rank r's gradient is the constant ``r + 1`` and SGD's rate ``lr`` (each average folded in at the next step,

@@ -56,8 +56,7 @@ def check_against_the_reference(steps):
     """Racks then an exact bridge at every step: once the average in flight is folded in, every rank's weights
     are the reference's (a rank alone at a bridge folds its rack's average in when a poll finds it done, there
     or at the next average: the same weights once drained)."""
-    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
-                   schedule_options={"intra_steps": 1})
+    options = common.BRIDGE_EVERY_STEP
     _, opt, kernel = train(steps, **options)
     _, drained = overlapped_reference(SyncPlan(rank=RANK, world_size=SIZE, **options), SIZE, steps, LR)
     opt.synchronize()
@@ -73,10 +72,9 @@ def check_refusals():
         sgd, overlap=True, policy="adaptive"))
 
 
-with behaviour("a stale average is folded in exactly (shuffle, every 3 steps)"):
-    check_stale_fold_is_exact(23, schedule="shuffle", num_groups=2, average_every=3)
-with behaviour("a stale average is folded in exactly (racks, exact bridges, every 4 steps)"):
-    check_stale_fold_is_exact(29, schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)
+for name, steps, options in common.STALE_FOLD_CASES:
+    with behaviour(name):
+        check_stale_fold_is_exact(steps, **options)
 with behaviour("overlapped racks and bridges match the reference once drained"):
     check_against_the_reference(10)
 with behaviour("what overlap cannot follow is refused"):

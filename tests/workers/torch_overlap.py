@@ -50,8 +50,7 @@ def check_stale_fold_is_exact(steps, **kwargs):
 def check_bridge_sends_the_racks_average(steps):
     """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
     holds the local step taken before the rack's average was folded in."""
-    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
-                   schedule_options={"intra_steps": 1})
+    options = common.BRIDGE_EVERY_STEP
     model, opt, kinds = train(steps, overlap=True, **options)
     check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
@@ -67,10 +66,9 @@ def check_one_host_runs_no_trial():
     check(opt.overlap is False, f"overlap {opt.overlap} on one host")
 
 
-with behaviour("a stale average is folded in exactly (shuffle, every 3 steps)"):
-    check_stale_fold_is_exact(23, schedule="shuffle", num_groups=2, average_every=3)
-with behaviour("a stale average is folded in exactly (racks, exact bridges, every 4 steps)"):
-    check_stale_fold_is_exact(29, schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)
+for name, steps, options in common.STALE_FOLD_CASES:
+    with behaviour(name):
+        check_stale_fold_is_exact(steps, **options)
 with behaviour("an exact bridge after an overlapped rack average sends the rack's average"):
     check_bridge_sends_the_racks_average(10)
 with behaviour("one host runs no trial of overlap"):
