@@ -91,6 +91,7 @@ class _DSSyncOptimizer(LocalSteps):
             return super(self.__class__, self).apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = (list(x) for x in zip(*grads_and_vars))
         averaged = self._dssync_averaged(variables)
+        object.__setattr__(self, "_dssync_traced", True)  # what it averages is fixed in the traced step now
         shapes = [(i, tuple(v.shape), v.dtype.name) for i, v in enumerate(averaged)]
         self._dssync.ensure_connected(_WHAT, shapes, self._dssync_options)
         tables = self._dssync_row_tables(grads, variables, averaged)
@@ -202,6 +203,9 @@ class _DSSyncOptimizer(LocalSteps):
         first step is traced: a traced step keeps the variables it found."""
         if not isinstance(model, tf.keras.Model):
             raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
+        if getattr(self, "_dssync_traced", False):
+            raise RuntimeError("hvd_dssync: set_model after the step was traced would change nothing: call it "
+                               "before the first step (or pass model= to DistributedOptimizer).")
         self._dssync_model = weakref.ref(model)
 
     def follow_world(self):
@@ -300,8 +304,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             without momentum (or the legacy SGD's lazy momentum) or Adagrad; another optimizer, or a lossy
             ``compression``, averages densely. ``False``: dense.
         overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
-            and is folded in where the next average starts (``model += average - sent``, keeping the progress
-            made meanwhile; :mod:`hvd_dssync.keras.overlap`); ``synchronize_models`` and the exit fold it in
+            and is folded in at the first step that finds it done, at the latest where the next average starts
+            (``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`); ``synchronize_models`` and the exit fold it in
             first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
             Horovod; embedding tables are then averaged densely. None or False (the default here: the
             PyTorch adapter's trial of overlap is its own): every average is waited for.

@@ -11,7 +11,7 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
-from common import behaviour, check, check_alike, expected_values, fail
+from common import behaviour, check, check_alike, expect_error, expected_values, fail
 from hvd_dssync import SyncConfig
 from hvd_dssync.schedules import Shuffle
 
@@ -71,6 +71,8 @@ def check_group_means_in_fit(what, steps=8, non_trainable=True, give_model=True,
     traces = model.train_function.experimental_get_tracing_count()
     check(traces <= 2, f"{what}: train_function traced {traces} times in {steps} steps")
     check(opt.sync_step == steps, f"{what}: sync_step {opt.sync_step} != {steps}")
+    if not give_model:  # the traced step keeps what it found: a model given now is refused, not dropped
+        expect_error(RuntimeError, ["set_model after the step was traced"], lambda: opt.set_model(model))
     distinct = {tuple(history[t]) for t in range(steps)}
     return opt, distinct
 
