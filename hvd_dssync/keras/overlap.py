@@ -16,7 +16,7 @@ import threading
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .switch import KEEP_BRANCH
+from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
 __all__ = ["InFlight", "OverlappedAveraging"]
 
@@ -176,7 +176,7 @@ class OverlappedAveraging:
         sets = switch.branch_sets()
 
         def start(branch, *values):
-            process_set, kind, _, _ = sets[int(branch) - 1]
+            process_set, kind, _, _ = sets[int(branch) - GLOBAL_BRANCH]  # branch_sets() starts there
             self.flight.start(list(values), process_set, kind)
             return True
 
