@@ -67,8 +67,7 @@ class Averaging:
         # last average left (what a bridge sends).
         self._carries, self._agreed = {}, {}
         # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in a period late.
-        self.overlapped = None if flight is None else \
-            OverlappedAveraging(guard, flight, self.kept, (self._carries, self._agreed))
+        self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge)
 
     def forget_reference(self):
         """After a change of world: the next average after the warm-up sets the reference again."""
@@ -161,9 +160,7 @@ class Averaging:
         bridged = switch.bridges is not None and not any(v.ref() in by_rows for v in variables)
         if bridged:
             own = values
-            crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
-            carries = [self.kept(self._carries, v, "dssync_bridge_carry") for v in variables]
-            agreed = [self.kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+            crossing, scales, factors, adds, carries, agreed = self.bridge(switch, variables, branch)
             # A crossing sends the model the last average left times its scale, any other branch the model plus
             # the carry waiting (group branches); the average's move is measured from what was sent, unscaled.
             base = [tf.where(crossing > 0, k, v) for k, v in zip(agreed, own)]
@@ -194,6 +191,15 @@ class Averaging:
                 carried += [k.assign(tf.where(keep, k, a)) for k, a in zip(agreed, averaged)]
             return tf.group(*[v.assign(a) for v, a in zip(variables, averaged)], *carried,
                             *[table.scatter_update(tf.IndexedSlices(rows, index)) for table, index, rows in writes])
+
+    def bridge(self, switch, variables, branch):
+        """This rank's exact bridge at ``branch`` (``switch.bridges`` is not None): the tables' entries
+        ``(crossing, scales, carry factors, adds)`` as tensors, then the carries waiting and the models the last
+        average left, a variable per one of ``variables`` (waited and overlapped averages share them)."""
+        crossing, scales, factors, adds = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
+        carries = [self.kept(self._carries, v, "dssync_bridge_carry") for v in variables]
+        agreed = [self.kept(self._agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+        return crossing, scales, factors, adds, carries, agreed
 
     @staticmethod
     def kept(store, variable, name, copy=False):

@@ -40,9 +40,9 @@ def synchronize_models(model, root_rank=None, non_trainable=True, process_set=hv
     scope = scope_of(hvd, process_set)
     root_rank = scope.root(root_rank)
     optimizer = getattr(model, "optimizer", None)
-    if hasattr(getattr(optimizer, "inner_optimizer", optimizer), "synchronize"):
-        # A DS-Sync optimizer: its average in flight (overlap=True) is folded in first.
-        getattr(optimizer, "inner_optimizer", optimizer).synchronize()
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+    if hasattr(optimizer, "synchronize"):  # a DS-Sync optimizer: its average in flight is folded in first
+        optimizer.synchronize()
     variables = _model_variables(model, non_trainable)
     if scope.world_size == 1 or not variables:
         return

@@ -305,8 +305,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             ``compression``, averages densely. ``False``: dense.
         overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
             and is folded in at the first step that finds it done, at the latest where the next average starts
-            (``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`); ``synchronize_models`` and the exit fold it in
-            first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
+            (``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`);
+            ``synchronize_models`` and the exit fold it in first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
             Horovod; embedding tables are then averaged densely. None or False (the default here: the
             PyTorch adapter's trial of overlap is its own): every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the

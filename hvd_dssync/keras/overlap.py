@@ -22,19 +22,20 @@ __all__ = ["InFlight", "OverlappedAveraging"]
 
 
 class InFlight:
-    """At most one grouped average in flight on a thread of its own.
+    """At most one grouped average in flight on a thread of its own, with the step and switch branch it is of.
 
     Example::
 
         flight = InFlight("DSSyncSGD_0")
-        flight.start(values, process_set, "group")   # returns at once
-        ...                                           # local steps
-        averaged = flight.take()                      # waits if it is not done; raises what it raised
+        flight.start(values, process_set, "group", (step, branch))   # returns at once
+        ...                                                           # local steps
+        flight.at                                                     # (step, branch)
+        averaged = flight.take()          # waits if it is not done; raises what it raised
     """
 
     def __init__(self, name):
         self.name = name
-        self._thread, self._box = None, None
+        self._thread, self._box, self.at = None, None, None
 
     @property
     def pending(self):
@@ -44,7 +45,7 @@ class InFlight:
         """Whether the average in flight is done (a poll: it never waits)."""
         return self._thread is not None and not self._thread.is_alive()
 
-    def start(self, values, process_set, kind):
+    def start(self, values, process_set, kind, at):
         if self._thread is not None:
             raise RuntimeError("hvd_dssync: an overlapped average started while another was in flight")
         box = {}
@@ -57,13 +58,13 @@ class InFlight:
             except BaseException as e:  # handed to take(), on the step's thread
                 box["error"] = e
 
-        self._thread, self._box = threading.Thread(target=run, name="hvd_dssync-overlap", daemon=True), box
+        self._thread, self._box, self.at = threading.Thread(target=run, name="hvd_dssync-overlap", daemon=True), box, at
         self._thread.start()
 
     def take(self):
         """The average in flight, waited for; what it raised is raised here."""
         thread, box = self._thread, self._box
-        self._thread, self._box = None, None
+        self._thread, self._box, self.at = None, None, None
         thread.join()
         if "error" in box:
             raise box["error"]
@@ -73,46 +74,37 @@ class InFlight:
 class OverlappedAveraging:
     """A traced step's overlapped average: fold in the one in flight, then send this step's.
 
-    It is given the step guard, the in-flight average and ``kept(store, variable, name, copy)``, the
-    averaging's state per variable (:meth:`.averaging.Averaging.kept`: the carries and agreed models of exact
-    bridges are the same variables as for waited averages). Each call gets the step's switch.
+    It is given the step guard, the in-flight average, ``kept(store, variable, name)`` (a variable per model
+    variable: :meth:`.averaging.Averaging.kept`) and ``bridge(switch, variables, branch)``, the exact bridges'
+    tables and state, shared with waited averages (:meth:`.averaging.Averaging.bridge`). Whether an average is
+    in flight, and of which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each call
+    gets the step's switch.
 
     Example::
 
-        overlapped = OverlappedAveraging(guard, InFlight(name), Averaging.kept, (carries, agreed))
+        overlapped = OverlappedAveraging(guard, InFlight(name), averaging.kept, averaging.bridge)
         overlapped.average(switch, variables, step, branch, check)      # inside the traced step
         overlapped.drain()                                              # eagerly, where models must agree
     """
 
-    def __init__(self, guard, flight, kept, bridge_state):
-        self.guard, self.flight, self.kept = guard, flight, kept
-        self.carries, self.agreed = bridge_state  # the stores of exact bridges' carries and agreed models
+    def __init__(self, guard, flight, kept, bridge):
+        self.guard, self.flight, self.kept, self.bridge = guard, flight, kept, bridge
         self._sent = {}  # per variable: what this rank sent (what its average's move is measured from)
-        self._at = None  # (pending, step, branch) variables, made on first use
         self._last = None  # (switch, variables) of the last traced step, for drain()
-
-    def _state(self):
-        if self._at is None:
-            with tf.init_scope():
-                self._at = (tf.Variable(False, trainable=False, name="dssync_overlap_pending"),
-                            tf.Variable(0, dtype=tf.int64, trainable=False, name="dssync_overlap_step"),
-                            tf.Variable(KEEP_BRANCH, dtype=tf.int32, trainable=False, name="dssync_overlap_branch"))
-        return self._at
 
     def average(self, switch, variables, step, branch, check):
         """An op: fold in the average in flight where it is done (a poll) or, waiting for it, where this step
         averages (``branch``); then start this step's."""
         self._last = (switch, list(variables))
-        pending, _, _ = self._state()
         averaging = tf.not_equal(branch, KEEP_BRANCH)
 
-        def due():
-            return tf.logical_or(averaging, tf.py_function(self.flight.done, [], tf.bool,
-                                                           name=f"{self.flight.name}_overlap_poll"))
+        def due(averaging):
+            return self.flight.pending and (bool(averaging) or self.flight.done())
 
         with tf.control_dependencies(check):
-            folded = tf.cond(tf.cond(pending.read_value(), due, lambda: tf.constant(False)),
-                             lambda: self._fold(switch, variables), lambda: tf.constant(False))
+            fold_now = tf.py_function(due, [averaging], tf.bool, name=f"{self.flight.name}_overlap_poll")
+        fold_now.set_shape([])
+        folded = tf.cond(fold_now, lambda: self._fold(switch, variables), lambda: tf.constant(False))
         with tf.control_dependencies([folded]):
             return tf.cond(averaging, lambda: self._send(switch, variables, step, branch), lambda: tf.constant(False))
 
@@ -127,8 +119,10 @@ class OverlappedAveraging:
     def _fold(self, switch, variables):
         """``model += average - sent`` for the average in flight; at an exact bridge, its carry and the
         model the next bridge sends are set as a waited average sets them. Returns a boolean tensor."""
-        pending, step, branch = self._state()
-        step, branch = step.read_value(), branch.read_value()
+        step, branch = tf.py_function(lambda: self.flight.at, [], [tf.int64, tf.int32],
+                                      name=f"{self.flight.name}_overlap_at")
+        step.set_shape([])
+        branch.set_shape([])
         guard, dtypes = self.guard, [v.dtype for v in variables]
         begun = guard.begin(switch, branch, step, "group")
         with tf.control_dependencies([begun]):
@@ -146,9 +140,7 @@ class OverlappedAveraging:
             moves = [a - s for a, s in zip(averaged, sent)]
             ops = [v.assign_add(m) for v, m in zip(variables, moves)]
         if switch.bridges is not None:
-            crossing, _, factors, _ = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
-            carries = [self.kept(self.carries, v, "dssync_bridge_carry") for v in variables]
-            agreed = [self.kept(self.agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+            crossing, _, factors, _, carries, agreed = self.bridge(switch, variables, branch)
             with tf.control_dependencies(ops):
                 # The next bridge sends the model this average left: a crossing's folded-in model, else the
                 # group's average (the same on every member), not the live model with its later local steps.
@@ -156,35 +148,28 @@ class OverlappedAveraging:
                 ops += [k.assign(tf.where(crossing > 0, v.read_value(), a))
                         for k, v, a in zip(agreed, variables, averaged)]
         with tf.control_dependencies(ops):
-            return tf.identity(pending.assign(False))
+            return tf.constant(True)
 
     def _send(self, switch, variables, step, branch):
         """Start this step's average on a thread: the model (or at a crossing, the model its last average left,
         times its scale), plus the carry an exact bridge left; what was sent is kept for the fold."""
-        pending, at_step, at_branch = self._state()
         own = [v.read_value() for v in variables]
-        base = own
-        values = own
+        base = values = own
         if switch.bridges is not None:
-            crossing, scales, _, adds = (tf.gather(tf.constant(t), branch) for t in switch.bridges)
-            carries = [self.kept(self.carries, v, "dssync_bridge_carry") for v in variables]
-            agreed = [self.kept(self.agreed, v, "dssync_bridge_agreed", copy=True) for v in variables]
+            crossing, scales, _, adds, carries, agreed = self.bridge(switch, variables, branch)
             base = [tf.where(crossing > 0, k.read_value(), o) for k, o in zip(agreed, own)]
             values = [b * tf.cast(scales, b.dtype) + c * tf.cast(adds, b.dtype) for b, c in zip(base, carries)]
         kept = [self.kept(self._sent, v, "dssync_overlap_sent").assign(b) for v, b in zip(variables, base)]
         bits = self.guard.signature(step, variables[0].dtype)
         sets = switch.branch_sets()
 
-        def start(branch, *values):
+        def start(step, branch, *values):
             process_set, kind, _, _ = sets[int(branch) - GLOBAL_BRANCH]  # branch_sets() starts there
-            self.flight.start(list(values), process_set, kind)
+            self.flight.start(list(values), process_set, kind, (int(step), int(branch)))
             return True
 
         with tf.control_dependencies(kept):
-            started = tf.py_function(start, [branch] + values + [bits], tf.bool,
-                                     name=f"{self.flight.name}_overlap_start")
-        with tf.control_dependencies([started]):
-            noted = [pending.assign(True), at_step.assign(tf.cast(step, tf.int64)),
-                     at_branch.assign(tf.cast(branch, tf.int32))]
-        with tf.control_dependencies(noted):
-            return tf.constant(True)
+            started = tf.py_function(start, [tf.cast(step, tf.int64), tf.cast(branch, tf.int32)] + values + [bits],
+                                     tf.bool, name=f"{self.flight.name}_overlap_start")
+        started.set_shape([])
+        return started

@@ -1,6 +1,6 @@
 """DS-Sync ``DistributedOptimizer`` for PyTorch: Horovod's signature, DS-Sync's step.
 
-One training step, in order (:meth:`DSSyncOptimizer._take_step`): the wrapped optimizer steps on this
+One training step, in order (:meth:`DSSyncOptimizer.step`): the wrapped optimizer steps on this
 rank's own gradient; the model (parameters and floating-point buffers) is averaged inside this step's group
 with one grouped allreduce on the group's Horovod process set; the step is counted. During a
 bulk-synchronous warm-up the step is Horovod's instead: gradients are averaged over all ranks first, and no
