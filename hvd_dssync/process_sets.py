@@ -18,10 +18,17 @@ Horovod sends each straight to the set's executor instead of negotiating it in i
 negotiated: ``acquire(groups, ordered=False)``. ``HVD_DSSYNC_ORDERED_SETS=0`` (on every rank alike) leaves
 every set negotiated.
 
+A changed network's groups can be registered *ahead*, by a thread of the process while training goes on
+in the groups in force (:meth:`ProcessSetRegistry.register_ahead`): the sets are Horovod's as soon as that
+thread is done, and the step that follows the new groups takes them up without a collective. Every
+registration and removal of the registry waits for that thread first, so every rank adds its sets in the
+same order.
+
 It is framework-free: it is given the framework's Horovod module (``horovod.torch`` or
 ``horovod.tensorflow``), whose process-set functions both come from ``horovod.common``.
 """
 import os
+import threading
 
 __all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "ORDERED_ENV", "enable_dynamic_process_sets",
            "use_static_process_sets", "elastic_job", "ordered_sets_enabled", "mark_ordered"]
@@ -125,9 +132,11 @@ class ProcessSetRegistry:
         self._ordered = {}  # group: whether its set is marked ordered (a set used otherwise stays unmarked)
         self._identity = None
         self.generation = 0
+        self._ahead = None  # the thread registering sets ahead, and what it registered
 
     def reset(self):
         """Forget every set (after ``hvd.shutdown()`` or an elastic reset, which drop them all)."""
+        self._ahead = None
         self._sets.clear()
         self._counts.clear()
         self._static.clear()
@@ -171,10 +180,84 @@ class ProcessSetRegistry:
                 found[tuple(ranks)] = ps
         return found
 
+    def register_ahead(self, groups, ordered=True):
+        """Start registering the sets of ``groups`` that are not registered yet, in sorted order, on a thread
+        of this process (a collective: call on all ranks at the same point), each marked ordered as
+        :meth:`acquire` would; training goes on meanwhile. :meth:`ahead_done` tells when they are Horovod's;
+        :meth:`acquire` then takes them up without communicating. Returns the groups it registers.
+
+        Example::
+
+            registry.register_ahead([(0, 1, 2, 3), (4, 5, 6, 7)])   # while the old groups still average
+            ...
+            if every_rank_done:                                       # agreed on, e.g. in an allgather
+                registry.acquire([(0, 1, 2, 3), (4, 5, 6, 7)])        # no collective: registered ahead
+        """
+        self._settle_ahead()
+        groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()} - set(self._sets)
+                        - set(self._find_static()))
+        ahead = {"groups": groups, "sets": {}, "error": None}
+        want = ordered and ordered_sets_enabled()
+
+        def register():
+            try:
+                for g in groups:
+                    ahead["sets"][g] = process_set = self._add(g)
+                    if want:
+                        mark_ordered(process_set, True)
+            except BaseException as error:  # raised on the training thread, by _settle_ahead
+                ahead["error"] = error
+
+        ahead["thread"] = threading.Thread(target=register, name="hvd_dssync.register_ahead", daemon=True)
+        ahead["ordered"] = want
+        self._ahead = ahead
+        ahead["thread"].start()
+        return groups
+
+    def ahead_done(self):
+        """Whether no sets are being registered ahead (:meth:`register_ahead`): none asked for, or all registered
+        (or failed: :meth:`acquire` raises the error); no communication."""
+        return self._ahead is None or not self._ahead["thread"].is_alive()
+
+    def _settle_ahead(self):
+        """Wait for the sets registered ahead and keep them (no reference yet); raise what failed there."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        ahead["thread"].join()
+        for g, process_set in ahead["sets"].items():
+            self._sets[g] = process_set
+            self._ordered[g] = ahead["ordered"]
+            self._counts.setdefault(g, 0)
+        if ahead["error"] is not None:
+            raise ahead["error"]
+
+    def release_unused(self):
+        """Remove the sets registered ahead that nobody acquired (a collective)."""
+        self._settle_ahead()
+        for g in sorted(g for g, count in self._counts.items() if count == 0):
+            self._counts[g] = 1
+            self.release([g])
+
+    def _add(self, group):
+        try:
+            return self.hvd.add_process_set(list(group))
+        except ValueError as e:
+            if DYNAMIC_ENV not in str(e):
+                raise
+            # Horovod refuses before communicating, so every rank raises this same error.
+            raise RuntimeError(
+                f"hvd_dssync needs a process set for group {group}, but Horovod was initialized without "
+                "dynamic process sets. Import hvd_dssync.torch (or hvd_dssync.keras) before hvd.init(), "
+                f"or call hvd_dssync's init(), or set {DYNAMIC_ENV}=1 in the environment of every rank."
+            ) from None
+
     def acquire(self, groups, ordered=True):
         """Register every group not yet registered, in sorted order (a collective: call on all ranks), and
         mark each set ordered (:func:`mark_ordered`) unless ``ordered`` is False or a user of the set asked
-        for it negotiated before (every rank acquires alike, so every member marks alike)."""
+        for it negotiated before (every rank acquires alike, so every member marks alike). Sets registered
+        ahead are taken up first (:meth:`register_ahead`: this waits for them)."""
+        self._settle_ahead()
         groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()})
         missing = [g for g in groups if g not in self._sets]
         if missing:
@@ -185,17 +268,7 @@ class ProcessSetRegistry:
                     self._static.add(g)
             missing = [g for g in missing if g not in self._sets]
         for g in missing:
-            try:
-                self._sets[g] = self.hvd.add_process_set(list(g))
-            except ValueError as e:
-                if DYNAMIC_ENV not in str(e):
-                    raise
-                # Horovod refuses before communicating, so every rank raises this same error.
-                raise RuntimeError(
-                    f"hvd_dssync needs a process set for group {g}, but Horovod was initialized without "
-                    "dynamic process sets. Import hvd_dssync.torch (or hvd_dssync.keras) before hvd.init(), "
-                    f"or call hvd_dssync's init(), or set {DYNAMIC_ENV}=1 in the environment of every rank."
-                ) from None
+            self._sets[g] = self._add(g)
         for g in groups:
             self._counts[g] = self._counts.get(g, 0) + 1
             want = ordered and self._ordered.get(g, True) and ordered_sets_enabled()
@@ -205,6 +278,7 @@ class ProcessSetRegistry:
 
     def release(self, groups):
         """Drop one reference to each group; remove the sets nobody uses (a collective)."""
+        self._settle_ahead()
         groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()})
         for g in groups:
             count = self._counts.get(g, 0) - 1

@@ -344,7 +344,7 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
     """4 emulated hosts of one rank in 2 racks, the link between them first unshaped: the
     default senses one flat network (one group of every rank, every 8 steps); with HVD_DSSYNC_RESENSE=1, when
     the test slows the link 10x while the job trains, it senses the racks and takes the topology-aware schedule
-    on them (without the variable the racks stay None: checked by hand). The way back, racks to a flat network,
+    on them, its sets registered ahead (without the variable the racks stay None: checked by hand). The way back, racks to a flat network,
     is left to the unit tests: on 2 shared cores a bridge's average on the restored link did not always cost
     4x less (docs/benchmarks.md)."""
     def slow_down_when_asked(bed):  # rank 0 asks through a file and waits for the answer
@@ -360,6 +360,10 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
     (seen,) = [json.loads(line[5:]) for line in outputs[0].splitlines() if line.startswith("SEEN ")]
     assert seen["racks"]["racks"] == [[0, 1], [2, 3]] and seen["racks"]["schedule"] == "TopologyAware", seen
     assert seen["racks"]["average_every"] == RACK_AVERAGE_EVERY, seen
+    # The racks' sets were registered ahead while the flat network's groups trained on: the steps after the
+    # sensing again ran on the old groups until every rank's were registered (the sensing's step's flags at
+    # the earliest, read two steps later).
+    assert seen["racks"]["followed"] >= seen["racks"]["step"] + 3, seen
 
 
 @needs_namespaces

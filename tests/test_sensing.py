@@ -363,6 +363,33 @@ def test_pairs_in_doubt_are_timed_again_and_the_fastest_figure_counts():
     assert "17 again" in sensed.describe() and "margin 10.0x" in sensed.describe()
 
 
+def test_sensing_again_times_only_the_pairs_across_the_racks_in_force():
+    """The watch saw the averages across the racks move (hvd_dssync.resense): sensing again times the 16
+    pairs across the 2 racks of 4 in 4 rounds (not 28 in 7) and keeps the 12 inside; the link between the
+    racks now as fast as the hosts' gives one flat network. Where the last sensing found no racks, every pair."""
+    class Recovered(FakeProbe):
+        def client(self, rank, endpoint, nbytes, repeats):
+            self.met.append(("client", endpoint[1]))
+            return 0.01
+
+    hosts = [f"ns{r}" for r in range(8)]
+    before = sense(0, 8, False, gather_of(hosts), lambda row: np.stack(
+        [measure(r, list(range(8)), endpoints(8), FakeProbe()) for r in range(8)]), address=lambda: "10.0.0.1",
+        probe_class=FakeProbe)
+    assert before.racks == [[0, 1, 2, 3], [4, 5, 6, 7]] and before.pairs == 28
+    pairs = [(a, b) for a in range(4) for b in range(4, 8)]
+    probes = [Recovered() for _ in range(8)]
+    rows = [measure(r, list(range(8)), endpoints(8), probes[r], pairs=pairs) for r in range(8)]
+    probes.append(Recovered())
+    again = sense(0, 8, False, gather_of(hosts), lambda row: np.stack(rows), address=lambda: "10.0.0.1",
+                  probe_class=lambda address: probes[-1], previous=before)
+    assert (again.racks, again.pairs) == (None, 16) and "16 pairs timed" in again.describe()
+    assert len(probes[-1].met) == 4  # rank 0 timed its links to the other rack only
+    assert again.to_dict()["seconds_by_pair"]["0-1"] == before.to_dict()["seconds_by_pair"]["0-1"]
+    assert len(sensing.pair_rounds(pairs)) == 4
+    assert sensing.known_figures(again, list(range(8))) is None  # no racks: the next sensing times every pair
+
+
 def test_figures_that_stay_in_doubt_give_one_flat_network():
     """Racks only 1.5x apart, timed alike every pass: after RETIME_PASSES more passes, one flat network, and
     the reading says why."""

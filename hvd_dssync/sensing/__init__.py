@@ -28,7 +28,7 @@ The package's parts: :mod:`~hvd_dssync.sensing.rule` (the racks from the figures
 passes, the per-process cache and the adapters' entry points).
 """
 from .job import (AUTO, MAX_PROBED_HOSTS, RETIME_PASSES, Sensed, default_topology, host_racks, last_sensed, layout,
-                  names_schedule, sense, sense_again, sense_once, wants_sensing)
+                  names_schedule, known_figures, sense, sense_again, sense_once, wants_sensing)
 from .probe import (SENSE_CAP_SECONDS, SENSE_CHUNK, SENSE_NBYTES, SENSE_REPEATS, SENSE_TARGET_SECONDS, PairProbe,
                     local_address, measure, pair_rounds, probe_rounds)
 from .rule import MIN_MARGIN, RackDecision, decide_racks, pair_seconds, rank_racks, seconds_of_pairs
@@ -38,4 +38,4 @@ __all__ = ["AUTO", "Sensed", "layout", "host_racks", "probe_rounds", "pair_round
            "sense",
            "sense_once", "last_sensed", "wants_sensing", "names_schedule", "SENSE_NBYTES", "SENSE_REPEATS", "SENSE_CAP_SECONDS",
            "SENSE_TARGET_SECONDS", "SENSE_CHUNK", "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology",
-           "sense_again"]
+           "sense_again", "known_figures"]

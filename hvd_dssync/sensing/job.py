@@ -12,10 +12,10 @@ import numpy as np
 from ..process_sets import DYNAMIC_ENV, elastic_job
 from ..topology import ENV_VAR as TOPOLOGY_ENV, Topology, host_name
 from .probe import SENSE_NBYTES, SENSE_REPEATS, PairProbe, local_address, measure
-from .rule import MIN_MARGIN, decide_racks, pair_seconds, rank_racks
+from .rule import MIN_MARGIN, decide_racks, pair_seconds, rank_racks, seconds_of_pairs
 
 __all__ = ["AUTO", "Sensed", "layout", "host_racks", "sense", "sense_once", "last_sensed", "wants_sensing", "names_schedule",
-           "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology", "sense_again"]
+           "MAX_PROBED_HOSTS", "RETIME_PASSES", "default_topology", "sense_again", "known_figures"]
 
 AUTO = "auto"  # the adapters' default ``topology=``: sense the racks when the optimizer is built
 MAX_PROBED_HOSTS = 16  # more hosts than this are not probed (n (n - 1) / 2 pairs): pass the racks
@@ -165,7 +165,8 @@ def host_racks(rank_hosts):
 
 
 def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_NBYTES, repeats=SENSE_REPEATS,
-          min_margin=MIN_MARGIN, clock=time.perf_counter, address=local_address, probe_class=PairProbe):
+          min_margin=MIN_MARGIN, clock=time.perf_counter, address=local_address, probe_class=PairProbe,
+          previous=None):
     """Sense the racks (see :mod:`hvd_dssync.sensing`); a collective with the same op sequence on every rank.
 
     ``one_host``: Horovod says every rank is on this host (then nothing is sent);
@@ -174,6 +175,9 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
     pass of the probe (:data:`RETIME_PASSES`: every rank decides alike whether another pass runs).
     Where some host's first rank has no address other hosts reach, more than :data:`MAX_PROBED_HOSTS` hosts
     would be probed, or a pair could not be timed, nothing is measured ("not probed": one rack).
+    ``previous``: the :class:`Sensed` of an earlier sensing of the same hosts, where the averages across its
+    racks changed cost (:mod:`hvd_dssync.resense`): only the pairs across its racks are timed, a pair inside
+    one of them keeps its figure (:func:`known_figures`).
 
     Example::
 
@@ -202,7 +206,10 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
         fallback = "not probed" if by_host is None else "hosts"
         if len(leaders) > MAX_PROBED_HOSTS or any(endpoints[r] is None for r in leaders):
             return Sensed(fallback, by_host, clock() - started, hosts)
-        seconds, pairs, retimed = None, None, 0
+        seconds = known_figures(previous, leaders)
+        pairs = None if seconds is None else [(a, b) for a, b in zip(*np.triu_indices(len(leaders), 1))
+                                              if np.isinf(seconds[a, b])]
+        timed_pairs, retimed = len(leaders) * (len(leaders) - 1) // 2 if pairs is None else len(pairs), 0
         for attempt in range(1 + RETIME_PASSES):
             # A pass again times fewer pairs, each with more transfers: its fastest is likelier the link's.
             row = measure(rank, leaders, endpoints, probe, nbytes, repeats * (1 + attempt), pairs)
@@ -220,13 +227,43 @@ def sense(rank, world_size, one_host, allgather_object, allgather, nbytes=SENSE_
     by_pair = {f"{leaders[a]}-{leaders[b]}": round(float(seconds[a, b]), 6)
                for a in range(len(leaders)) for b in range(a + 1, len(leaders))}
     if np.isinf(seconds).any():
-        return Sensed(fallback, by_host, clock() - started, hosts, len(by_pair), by_pair)
+        return Sensed(fallback, by_host, clock() - started, hosts, timed_pairs, by_pair)
     reading = decision.describe(min_margin) + ("" if decision.sure else ", unsure: one flat network")
     if decision.flat and by_host is not None:  # hosts on a flat network: each host is a rack
-        return Sensed("hosts", by_host, clock() - started, hosts, len(by_pair), by_pair, decision.margin, retimed,
+        return Sensed("hosts", by_host, clock() - started, hosts, timed_pairs, by_pair, decision.margin, retimed,
                       reading)
     return Sensed("measured", rank_racks(decision.racks, leaders, rank_hosts), clock() - started, hosts,
-                  len(by_pair), by_pair, decision.margin, retimed, reading)
+                  timed_pairs, by_pair, decision.margin, retimed, reading)
+
+
+def known_figures(previous, leaders):
+    """The figures of ``previous`` (a :class:`Sensed`) a sensing again of the hosts of ``leaders`` keeps: the
+    symmetric matrix of :func:`hvd_dssync.sensing.decide_racks` with the pairs inside one of its racks and
+    ``inf`` for the pairs across them (to be timed again), or ``None`` (time every pair) where it found no
+    racks or timed other hosts. The watch that asks for a sensing again sees only the averages across the
+    racks (:mod:`hvd_dssync.resense`), so those pairs are what moved.
+
+    Example::
+
+        >>> before = Sensed("measured", [[0, 1], [2, 3]], hosts=4,
+        ...                 seconds_by_pair={"0-1": .01, "0-2": .1, "0-3": .1, "1-2": .1, "1-3": .1, "2-3": .01})
+        >>> known_figures(before, [0, 1, 2, 3])[0].tolist()
+        [0.0, 0.01, inf, inf]
+        >>> known_figures(Sensed("measured", None, hosts=4, seconds_by_pair={}), [0, 1, 2, 3]) is None
+        True
+    """
+    if previous is None or previous.racks is None or not previous.seconds_by_pair:
+        return None
+    known_leaders, seconds = seconds_of_pairs(previous.seconds_by_pair)
+    if known_leaders != list(leaders):
+        return None
+    rack_of = {r: k for k, rack in enumerate(previous.racks) for r in rack}
+    if any(r not in rack_of for r in leaders):
+        return None
+    racks = np.array([rack_of[r] for r in leaders])
+    seconds = seconds.copy()
+    seconds[racks[:, None] != racks[None, :]] = math.inf
+    return seconds
 
 
 def sense_once(key, run, rank=0):
@@ -284,16 +321,17 @@ def default_topology(hvd, allgather_rows, hosts_op_name, schedule, num_groups, g
     return sensed.topology(), sensed
 
 
-def sense_again(hvd, allgather_rows, hosts_op_name):
+def sense_again(hvd, allgather_rows, hosts_op_name, previous=None):
     """Sense the job's racks anew (the network changed: :mod:`hvd_dssync.resense`), as
-    :func:`default_topology` did, and keep the result as the process's (:func:`last_sensed`); a collective
-    on every rank. Logs one line on rank 0. Returns the :class:`Sensed`.
+    :func:`default_topology` did, timing only the pairs across the racks of ``previous`` (the
+    :class:`Sensed` in force: :func:`known_figures`), and keep the result as the process's
+    (:func:`last_sensed`); a collective on every rank. Logs one line on rank 0. Returns the :class:`Sensed`.
 
     Example::
 
-        sensed = sense_again(hvd, allgather_rows, "dssync.sense.hosts")
+        sensed = sense_again(hvd, allgather_rows, "dssync.sense.hosts", previous=sensed)
     """
-    sensed = _sense_job(hvd, allgather_rows, hosts_op_name)
+    sensed = _sense_job(hvd, allgather_rows, hosts_op_name, previous)
     _cache.clear()
     _cache[_job_key(hvd)] = sensed
     if hvd.rank() == 0:
@@ -305,6 +343,6 @@ def _job_key(hvd):
     return hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()
 
 
-def _sense_job(hvd, allgather_rows, hosts_op_name):
+def _sense_job(hvd, allgather_rows, hosts_op_name, previous=None):
     return sense(hvd.rank(), hvd.size(), hvd.local_size() == hvd.size(),
-                 lambda mine: hvd.allgather_object(mine, name=hosts_op_name), allgather_rows)
+                 lambda mine: hvd.allgather_object(mine, name=hosts_op_name), allgather_rows, previous=previous)

@@ -162,9 +162,9 @@ def _default_topology(schedule, num_groups, group_size, topology, schedule_optio
                                     topology, schedule_options, whole_job)
 
 
-def _sense_again():
-    """The job's racks sensed anew (:func:`hvd_dssync.sensing.sense_again`); a collective."""
-    return sensing.sense_again(hvd, _allgather_figures, "dssync.sense.hosts")
+def _sense_again(previous):
+    """The job's racks sensed anew, after ``previous`` (:func:`hvd_dssync.sensing.sense_again`); a collective."""
+    return sensing.sense_again(hvd, _allgather_figures, "dssync.sense.hosts", previous)
 
 
 def _allgather_figures(row):

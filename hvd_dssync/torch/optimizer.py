@@ -85,8 +85,6 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # The parts, each given what it needs; the world they run in comes with each call (self._world()).
         self._guard = StepGuard(self._name)
         self.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
-        # With HVD_DSSYNC_RESENSE=1 where the racks were measured: sensing again when the network changes.
-        self._resensing = None if resensing is None else Resensing(self._name, *resensing)
         self._adaptive = AdaptiveStep(self._name, self._guard)
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
         self._sparse = SparseRows(self, named_parameters, self._name, config.sparse_average and not config.overlap
@@ -94,6 +92,9 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._averaging = Averaging(self, named_parameters, self._name, self._registry, self._guard, self._sparse,
                                     self._adaptive, model, config.average_buffers, bool(config.overlap), compression,
                                     float(config.outer_momentum))
+        # With HVD_DSSYNC_RESENSE=1 where the racks were measured: sensing again when the network changes.
+        self._resensing = None if resensing is None else Resensing(self._name, *resensing, self._registry,
+                                                                   self._averaging.ordered_sets)
         # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
         trial = runs_trial(config.overlap, compression is not hvd.Compression.none, plan.adaptive is not None,
                            scope.world_size, hvd.size() > hvd.local_size())
@@ -319,9 +320,10 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._config = config
         self._plan = SyncPlan.from_config(self._scope.rank, self._scope.world_size, config)
         self._averaging.follow_schedule()
-        self._averaging.enter_window(self._world(), self.sync_step + 1)
+        self._averaging.enter_window(self._world(), self.sync_step + 1)  # registered ahead: no collective
         self._registry.release(leaving)
-        self.sensed = dict(self._resensing.sensed.to_dict(), step=self._resensing.step)
+        self._registry.release_unused()  # registered ahead for a window the new plan did not start in
+        self.sensed = dict(self._resensing.sensed.to_dict(), step=self._resensing.step, followed=self.sync_step + 1)
 
     # --- hvd.join()'s protocol (hvd_dssync.torch.uneven.join drives it): this rank ran out of data --
 
