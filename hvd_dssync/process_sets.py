@@ -29,6 +29,7 @@ It is framework-free: it is given the framework's Horovod module (``horovod.torc
 """
 import os
 import threading
+import time
 
 __all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "ORDERED_ENV", "enable_dynamic_process_sets",
            "use_static_process_sets", "elastic_job", "ordered_sets_enabled", "mark_ordered"]
@@ -74,6 +75,13 @@ def _horovod_table():
     from horovod.common import process_sets as common
 
     return common._basics._get_process_set_ids_and_ranks()
+
+
+def _table_size():
+    """How many sets Horovod's table holds on this rank, those added and not yet agreed on included."""
+    from horovod.common import process_sets as common
+
+    return int(common._basics.MPI_LIB_CTYPES.horovod_number_of_process_sets())
 
 
 def ordered_sets_enabled(environ=None):
@@ -201,8 +209,8 @@ class ProcessSetRegistry:
 
         def register():
             try:
-                for g in groups:
-                    ahead["sets"][g] = process_set = self._add(g)
+                ahead["sets"] = self._add_all(groups)
+                for process_set in ahead["sets"].values():
                     if want:
                         mark_ordered(process_set, True)
             except BaseException as error:  # raised on the training thread, by _settle_ahead
@@ -239,6 +247,33 @@ class ProcessSetRegistry:
             self._counts[g] = 1
             self.release([g])
 
+    def _add_all(self, groups):
+        """``{group: process set}``, each of ``groups`` added to Horovod in the order given, all in one agreement
+        of its loop: each add blocks until every rank has added its set, so each runs on its own thread, started
+        once the last one's set is in this rank's table (every rank gives its sets the same ids)."""
+        sets, errors, threads = {}, [], []
+
+        def add(group):
+            try:
+                sets[group] = self._add(group)
+            except BaseException as error:
+                errors.append(error)
+
+        for group in groups:
+            before = _table_size()
+            thread = threading.Thread(target=add, args=(group,), name="hvd_dssync.add_process_set", daemon=True)
+            thread.start()
+            threads.append(thread)
+            while thread.is_alive() and _table_size() == before:
+                time.sleep(0.0005)
+            if errors:
+                break
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return sets
+
     def _add(self, group):
         try:
             return self.hvd.add_process_set(list(group))
@@ -267,8 +302,7 @@ class ProcessSetRegistry:
                     self._sets[g] = existing[g]
                     self._static.add(g)
             missing = [g for g in missing if g not in self._sets]
-        for g in missing:
-            self._sets[g] = self._add(g)
+        self._sets.update(self._add_all(missing))
         for g in groups:
             self._counts[g] = self._counts.get(g, 0) + 1
             want = ordered and self._ordered.get(g, True) and ordered_sets_enabled()
