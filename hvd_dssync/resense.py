@@ -14,16 +14,18 @@ where the racks were measured, the optimizer watches what the averages that cros
   reads global averages the same way);
 - where that figure moved by :data:`CHANGE_RATIO` or more from any earlier check's since the racks were
   last sensed (slower than the cheapest, or cheaper than the costliest), every rank senses again, at the
-  same step, and the optimizer follows what it finds: the topology-aware schedule on racks, one group of
-  every rank on a flat network (:meth:`hvd_dssync.config.SyncConfig.resolve`, as when it was built).
+  same step, timing only the host pairs across the racks in force (the watch sees nothing else move), and
+  the optimizer follows what it finds: the topology-aware schedule on racks, one group of every rank on a
+  flat network (:meth:`hvd_dssync.config.SyncConfig.resolve`, as when it was built). New groups' process
+  sets are registered on a thread while the old groups train on; every rank follows at the first step where
+  every rank has them.
 
 Every rank decides from the same gathered figures, so every rank senses again or none does. Numpy only:
 the adapters gather the figures and sense.
 
-The watch is off unless ``HVD_DSSYNC_RESENSE=1`` (PyTorch): on the bench's emulated cluster, whose jobs reach
-95% a few seconds after the link changes, sensing again and registering the new groups (about 1 s on 8 hosts)
-cost more than the better schedule saved, and the schedule on racks needs more steps to the same accuracy
-(docs/tuning.md has the figures).
+The watch is off unless ``HVD_DSSYNC_RESENSE=1`` (PyTorch): on the bench's emulated cluster it did not
+reach the target sooner, on 12-second jobs (the change at 0.8 s) nor on 60-second ones (at 10 s): the
+schedule on racks ran 1.3x the steps after the change but needed more of them (docs/benchmarks.md).
 """
 import math
 import os

@@ -153,6 +153,7 @@ def test_registry_marks_sets_ordered_unless_a_user_needs_them_negotiated(monkeyp
     calls = []
     monkeypatch.setattr(process_sets, "mark_ordered", lambda ps, ordered=True: calls.append((ps, ordered)))
     monkeypatch.setattr(process_sets, "_horovod_table", lambda: {})  # no set registered at init
+    monkeypatch.setattr(process_sets, "_table_size", lambda: 0)
     hvd = _FakeHorovod(4)
     hvd.add_process_set = lambda ranks: f"set{ranks}"
     registry = ProcessSetRegistry(hvd)
@@ -165,6 +166,47 @@ def test_registry_marks_sets_ordered_unless_a_user_needs_them_negotiated(monkeyp
     monkeypatch.setenv(process_sets.ORDERED_ENV, "0")
     registry.acquire([(1, 2)])
     assert calls == []
+
+
+def test_sets_registered_ahead_are_taken_up_without_adding_them_again(monkeypatch):
+    """register_ahead adds the sets on a thread, marked ordered; acquire takes them up without adding them
+    again (no collective at the step that follows the new groups); release_unused removes those nobody
+    acquired; registering waits for the thread first, and what failed there is raised on the training thread."""
+    import threading
+
+    from hvd_dssync import process_sets
+
+    added, removed, marked = [], [], []
+    release = threading.Event()
+    monkeypatch.setattr(process_sets, "mark_ordered", lambda ps, ordered=True: marked.append((ps, ordered)))
+    monkeypatch.setattr(process_sets, "_horovod_table", lambda: {})
+    monkeypatch.setattr(process_sets, "_table_size", lambda: len(added))
+    hvd = _FakeHorovod(8)
+
+    def add(ranks):
+        release.wait(10)  # Horovod's add blocks until every rank has added the set
+        added.append(tuple(ranks))
+        return f"set{ranks}"
+
+    hvd.add_process_set, hvd.remove_process_set = add, removed.append
+    registry = ProcessSetRegistry(hvd)
+    assert registry.register_ahead([(4, 5, 6, 7), (0, 1, 2, 3), (3, 7), tuple(range(8))]) == \
+        [(0, 1, 2, 3), (3, 7), (4, 5, 6, 7)]  # sorted; the whole world is the global set
+    assert not registry.ahead_done() and added == []
+    release.set()
+    registry.acquire([(0, 1, 2, 3), (4, 5, 6, 7)])  # waits for the thread, adds nothing more
+    assert registry.ahead_done() and added == [(0, 1, 2, 3), (3, 7), (4, 5, 6, 7)]
+    assert sorted(marked) == [("set[0, 1, 2, 3]", True), ("set[3, 7]", True), ("set[4, 5, 6, 7]", True)]
+    registry.release_unused()
+    assert removed == ["set[3, 7]"] and registry.live_groups() == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+    def refuse(ranks):
+        raise ValueError("HOROVOD_DYNAMIC_PROCESS_SETS is not set")
+
+    hvd.add_process_set = refuse
+    registry.register_ahead([(0, 1)])
+    with pytest.raises(RuntimeError, match="dynamic process sets"):
+        registry.acquire([(0, 1)])
 
 
 # --- multi-rank jobs -----------------------------------------------------------------------------
