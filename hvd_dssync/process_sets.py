@@ -129,6 +129,35 @@ def registry_for(hvd):
     return _registries[key]
 
 
+class _Ahead:
+    """Sets being registered on a thread (:meth:`ProcessSetRegistry.register_ahead`): ``add()`` returns
+    ``{group: process set}``; each is marked ordered where ``ordered``. What failed there is kept in
+    ``error``, for the training thread to raise."""
+
+    def __init__(self, add, ordered):
+        self.ordered = ordered
+        self.sets = {}
+        self.error = None
+        self._thread = threading.Thread(target=self._register, args=(add,), name="hvd_dssync.register_ahead",
+                                        daemon=True)
+        self._thread.start()
+
+    def _register(self, add):
+        try:
+            self.sets = add()
+            for process_set in self.sets.values() if self.ordered else ():
+                mark_ordered(process_set, True)
+        except BaseException as error:
+            self.error = error
+
+    def done(self):
+        return not self._thread.is_alive()
+
+    def wait(self):
+        self._thread.join()
+        return self.sets
+
+
 class ProcessSetRegistry:
     """Reference-counted process sets, one per distinct group of ranks."""
 
@@ -204,41 +233,25 @@ class ProcessSetRegistry:
         self._settle_ahead()
         groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()} - set(self._sets)
                         - set(self._find_static()))
-        ahead = {"groups": groups, "sets": {}, "error": None}
-        want = ordered and ordered_sets_enabled()
-
-        def register():
-            try:
-                ahead["sets"] = self._add_all(groups)
-                for process_set in ahead["sets"].values():
-                    if want:
-                        mark_ordered(process_set, True)
-            except BaseException as error:  # raised on the training thread, by _settle_ahead
-                ahead["error"] = error
-
-        ahead["thread"] = threading.Thread(target=register, name="hvd_dssync.register_ahead", daemon=True)
-        ahead["ordered"] = want
-        self._ahead = ahead
-        ahead["thread"].start()
+        self._ahead = _Ahead(lambda: self._add_all(groups), ordered and ordered_sets_enabled())
         return groups
 
     def ahead_done(self):
         """Whether no sets are being registered ahead (:meth:`register_ahead`): none asked for, or all registered
         (or failed: :meth:`acquire` raises the error); no communication."""
-        return self._ahead is None or not self._ahead["thread"].is_alive()
+        return self._ahead is None or self._ahead.done()
 
     def _settle_ahead(self):
         """Wait for the sets registered ahead and keep them (no reference yet); raise what failed there."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return
-        ahead["thread"].join()
-        for g, process_set in ahead["sets"].items():
+        for g, process_set in ahead.wait().items():
             self._sets[g] = process_set
-            self._ordered[g] = ahead["ordered"]
+            self._ordered[g] = ahead.ordered
             self._counts.setdefault(g, 0)
-        if ahead["error"] is not None:
-            raise ahead["error"]
+        if ahead.error is not None:
+            raise ahead.error
 
     def release_unused(self):
         """Remove the sets registered ahead that nobody acquired (a collective)."""
