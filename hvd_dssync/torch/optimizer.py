@@ -174,6 +174,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._record(done)
         if self._resensing is not None:
             self._follow_network(self._resensing.end_step(world, step, done))
+            if self._resensing.step is not None:
+                self.sensed = self._resensing.record()
         if serving:
             self.finish_pending()  # what the average carried must be known at the end of the step
         if self._plan.adaptive is not None:
@@ -323,7 +325,6 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._averaging.enter_window(self._world(), self.sync_step + 1)  # registered ahead: no collective
         self._registry.release(leaving)
         self._registry.release_unused()  # registered ahead for a window the new plan did not start in
-        self.sensed = dict(self._resensing.sensed.to_dict(), step=self._resensing.step, followed=self.sync_step + 1)
 
     # --- hvd.join()'s protocol (hvd_dssync.torch.uneven.join drives it): this rank ran out of data --
 

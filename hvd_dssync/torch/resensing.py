@@ -53,6 +53,7 @@ class Resensing:
         self._gathering = None  # the last check's figures, on their way to every rank
         self._following = None  # the configuration whose sets are being registered ahead
         self.step = None  # the step of the last sensing again
+        self.followed = None  # the first step on the racks it found, where they differ from those before
 
     def end_step(self, world, step, done):
         """Note what this step's average cost (``done``: :class:`hvd_dssync.world.Done`, or None); at a check
@@ -74,11 +75,17 @@ class Resensing:
                 return None
             config, self._following = self._following, None
             self.watch.restart()
+            self.followed = step + 1
             return config
         if gathered is None or not self.watch.decide(gathered[:, 0]):
             self._gather(world)
             return None
         return self._sense_again(world, step)
+
+    def record(self):
+        """What the optimizer reports as ``opt.sensed``: the last sensing's, with the ``step`` it sensed again at
+        and the step it ``followed`` new racks from (None: the same racks, or their sets not registered yet)."""
+        return dict(self.sensed.to_dict(), step=self.step, followed=self.followed)
 
     def _gather(self, world):
         """Start gathering this rank's figure and whether its sets registered ahead are done."""
@@ -91,7 +98,7 @@ class Resensing:
                      "sensing the racks again")
         before, self.sensed = self.sensed, _sense_again(self.sensed)
         self.watch.restart()  # the window in progress ran on the old network: it is no reference
-        self.step = step
+        self.step, self.followed = step, None
         if self.sensed.racks == before.racks:
             return None
         config, _ = self.requested.resolve(lambda *_: (self.sensed.topology(), self.sensed), job_topology)
