@@ -189,7 +189,9 @@ class ProcessSetRegistry:
         """
         identity = (self.hvd.size(), self.hvd.rank())
         stale = self._identity is not None and identity != self._identity
-        if not stale and self._sets:
+        # While sets are registered ahead, Horovod's table holds sets not agreed on yet, which it cannot list:
+        # the check waits for the next step (an elastic reset, what it looks for, registers nothing ahead).
+        if not stale and self._sets and self.ahead_done():
             table = _horovod_table()
             stale = any(table.get(ps.process_set_id) != list(g) for g, ps in self._sets.items())
         if stale:
@@ -202,7 +204,8 @@ class ProcessSetRegistry:
 
     def registered(self, groups):
         """``{group: process set}`` for those of ``groups`` Horovod has a set of (registered by anyone, at init
-        or later); no communication."""
+        or later); no communication. Waits for sets being registered ahead (Horovod cannot list them before)."""
+        self._settle_ahead()
         found = self._find_static()
         return {g: self._sets.get(g, found.get(g)) for g in map(tuple, groups) if g in self._sets or g in found}
 

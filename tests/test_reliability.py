@@ -171,14 +171,17 @@ def test_registry_marks_sets_ordered_unless_a_user_needs_them_negotiated(monkeyp
 def test_sets_registered_ahead_are_taken_up_without_adding_them_again(monkeypatch):
     """register_ahead adds the sets on a thread, marked ordered; acquire takes them up without adding them
     again (no collective at the step that follows the new groups); release_unused removes those nobody
-    acquired; registering waits for the thread first, and what failed there is raised on the training thread."""
+    acquired; refresh does not list Horovod's table while sets are being added (it cannot: the listing raises
+    on a set not agreed on yet); registering waits for the thread first, and what failed there is raised on the
+    training thread."""
     import threading
+    from types import SimpleNamespace
 
     from hvd_dssync import process_sets
 
     added, removed, marked = [], [], []
     release = threading.Event()
-    monkeypatch.setattr(process_sets, "mark_ordered", lambda ps, ordered=True: marked.append((ps, ordered)))
+    monkeypatch.setattr(process_sets, "mark_ordered", lambda ps, ordered=True: marked.append((ps.name, ordered)))
     monkeypatch.setattr(process_sets, "_horovod_table", lambda: {})
     monkeypatch.setattr(process_sets, "_table_size", lambda: len(added))
     hvd = _FakeHorovod(8)
@@ -186,9 +189,9 @@ def test_sets_registered_ahead_are_taken_up_without_adding_them_again(monkeypatc
     def add(ranks):
         release.wait(10)  # Horovod's add blocks until every rank has added the set
         added.append(tuple(ranks))
-        return f"set{ranks}"
+        return SimpleNamespace(name=f"set{ranks}", process_set_id=len(added), ranks=list(ranks))
 
-    hvd.add_process_set, hvd.remove_process_set = add, removed.append
+    hvd.add_process_set, hvd.remove_process_set = add, lambda ps: removed.append(ps.name)
     registry = ProcessSetRegistry(hvd)
     assert registry.register_ahead([(4, 5, 6, 7), (0, 1, 2, 3), (3, 7), tuple(range(8))]) == \
         [(0, 1, 2, 3), (3, 7), (4, 5, 6, 7)]  # sorted; the whole world is the global set
@@ -199,6 +202,19 @@ def test_sets_registered_ahead_are_taken_up_without_adding_them_again(monkeypatc
     assert sorted(marked) == [("set[0, 1, 2, 3]", True), ("set[3, 7]", True), ("set[4, 5, 6, 7]", True)]
     registry.release_unused()
     assert removed == ["set[3, 7]"] and registry.live_groups() == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+    # From racks to other racks: the old sets stay live while the new ones are added.
+    table = {1: [0, 1, 2, 3], 3: [4, 5, 6, 7]}
+    monkeypatch.setattr(process_sets, "_horovod_table", lambda: table)
+    generation = registry.refresh()
+    release.clear()
+    registry.register_ahead([(0, 1, 2), (3, 4, 5, 6, 7)])
+    monkeypatch.setattr(process_sets, "_horovod_table", lambda: pytest.fail("listed while sets were added"))
+    assert registry.refresh() == generation
+    release.set()
+    registry.acquire([(0, 1, 2), (3, 4, 5, 6, 7)])
+    monkeypatch.setattr(process_sets, "_horovod_table", lambda: {})  # every set gone: Horovod re-initialized
+    assert registry.refresh() == generation + 1
 
     def refuse(ranks):
         raise ValueError("HOROVOD_DYNAMIC_PROCESS_SETS is not set")
