@@ -131,11 +131,9 @@ def registry_for(hvd):
 
 class _Ahead:
     """Sets being registered on a thread (:meth:`ProcessSetRegistry.register_ahead`): ``add()`` returns
-    ``{group: process set}``; each is marked ordered where ``ordered``. What failed there is kept in
-    ``error``, for the training thread to raise."""
+    ``{group: process set}``. What failed there is kept in ``error``, for the training thread to raise."""
 
-    def __init__(self, add, ordered):
-        self.ordered = ordered
+    def __init__(self, add):
         self.sets = {}
         self.error = None
         self._thread = threading.Thread(target=self._register, args=(add,), name="hvd_dssync.register_ahead",
@@ -145,8 +143,6 @@ class _Ahead:
     def _register(self, add):
         try:
             self.sets = add()
-            for process_set in self.sets.values() if self.ordered else ():
-                mark_ordered(process_set, True)
         except BaseException as error:
             self.error = error
 
@@ -220,11 +216,11 @@ class ProcessSetRegistry:
                 found[tuple(ranks)] = ps
         return found
 
-    def register_ahead(self, groups, ordered=True):
+    def register_ahead(self, groups):
         """Start registering the sets of ``groups`` that are not registered yet, in sorted order, on a thread
-        of this process (a collective: call on all ranks at the same point), each marked ordered as
-        :meth:`acquire` would; training goes on meanwhile. :meth:`ahead_done` tells when they are Horovod's;
-        :meth:`acquire` then takes them up without communicating. Returns the groups it registers.
+        of this process (a collective: call on all ranks at the same point); training goes on meanwhile.
+        :meth:`ahead_done` tells when they are Horovod's; :meth:`acquire` then takes them up without
+        communicating (and marks them ordered, as any set it registers). Returns the groups it registers.
 
         Example::
 
@@ -236,7 +232,7 @@ class ProcessSetRegistry:
         self._settle_ahead()
         groups = sorted({tuple(sorted(g)) for g in groups} - {self._world()} - set(self._sets)
                         - set(self._find_static()))
-        self._ahead = _Ahead(lambda: self._add_all(groups), ordered and ordered_sets_enabled())
+        self._ahead = _Ahead(lambda: self._add_all(groups))
         return groups
 
     def ahead_done(self):
@@ -251,7 +247,6 @@ class ProcessSetRegistry:
             return
         for g, process_set in ahead.wait().items():
             self._sets[g] = process_set
-            self._ordered[g] = ahead.ordered
             self._counts.setdefault(g, 0)
         if ahead.error is not None:
             raise ahead.error
@@ -260,8 +255,7 @@ class ProcessSetRegistry:
         """Remove the sets registered ahead that nobody acquired (a collective)."""
         self._settle_ahead()
         for g in sorted(g for g, count in self._counts.items() if count == 0):
-            self._counts[g] = 1
-            self.release([g])
+            self._remove(g)
 
     def _add_all(self, groups):
         """``{group: process set}``, each of ``groups`` added to Horovod in the order given, all in one agreement
@@ -335,10 +329,14 @@ class ProcessSetRegistry:
             if count > 0:
                 self._counts[g] = count
                 continue
-            self._counts.pop(g, None)
-            if g not in self._static and g in self._sets:
-                self._ordered.pop(g, None)
-                self.hvd.remove_process_set(self._sets.pop(g))
+            self._remove(g)
+
+    def _remove(self, group):
+        """Forget ``group``'s references and remove its set from Horovod unless registered at init (a collective)."""
+        self._counts.pop(group, None)
+        if group not in self._static and group in self._sets:
+            self._ordered.pop(group, None)
+            self.hvd.remove_process_set(self._sets.pop(group))
 
     def get(self, group):
         """The process set of ``group`` (must be acquired; the whole world is the global set)."""

@@ -84,7 +84,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._joins = JoinState(scope.world_size)  # ranks known to have run out of data (hvd_dssync.join)
         # The parts, each given what it needs; the world they run in comes with each call (self._world()).
         self._guard = StepGuard(self._name)
-        self.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
+        self._sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
         self._adaptive = AdaptiveStep(self._name, self._guard)
         # Sparse averaging of embedding tables: which tables is agreed at the first step after the warm-up.
         self._sparse = SparseRows(self, named_parameters, self._name, config.sparse_average and not config.overlap
@@ -93,8 +93,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
                                     self._adaptive, model, config.average_buffers, bool(config.overlap), compression,
                                     float(config.outer_momentum))
         # With HVD_DSSYNC_RESENSE=1 where the racks were measured: sensing again when the network changes.
-        self._resensing = None if resensing is None else Resensing(self._name, *resensing, self._registry,
-                                                                   self._averaging.ordered_sets)
+        self._resensing = None if resensing is None else Resensing(self._name, *resensing, self._registry)
         # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
         trial = runs_trial(config.overlap, compression is not hvd.Compression.none, plan.adaptive is not None,
                            scope.world_size, hvd.size() > hvd.local_size())
@@ -121,6 +120,14 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         if self._overlap_choice is None:
             return self._averaging.overlap
         return self._overlap_choice.trial.decided
+
+    @property
+    def sensed(self):
+        """What ``topology="auto"`` found and its cost (a dict; None where nothing was sensed): where the racks
+        were sensed again (:mod:`.resensing`), the last sensing's, with its step."""
+        if self._resensing is not None and self._resensing.step is not None:
+            return self._resensing.record()
+        return self._sensed
 
     @property
     def schedule(self):
@@ -174,8 +181,6 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._record(done)
         if self._resensing is not None:
             self._follow_network(self._resensing.end_step(world, step, done))
-            if self._resensing.step is not None:
-                self.sensed = self._resensing.record()
         if serving:
             self.finish_pending()  # what the average carried must be known at the end of the step
         if self._plan.adaptive is not None:

@@ -33,22 +33,20 @@ class Resensing:
             each sensing resolves anew.
         sensed: the :class:`hvd_dssync.sensing.Sensed` the optimizer was built on.
         registry: the :class:`hvd_dssync.process_sets.ProcessSetRegistry` the new groups are registered in.
-        ordered: whether the optimizer's sets are marked ordered (:mod:`hvd_dssync.process_sets`).
 
     Example::
 
-        resensing = Resensing("dssync.0", requested, sensed, registry, ordered=True)
+        resensing = Resensing("dssync.0", requested, sensed, registry)
         config = resensing.end_step(world, step, done)   # a collective at the check steps
         if config is not None:
             ...  # follow the new configuration from the next step on: its sets are registered
     """
 
-    def __init__(self, name, requested, sensed, registry, ordered=True):
+    def __init__(self, name, requested, sensed, registry):
         self.name = name
         self.requested = requested
         self.sensed = sensed
         self.registry = registry
-        self.ordered = ordered
         self.watch = NetworkWatch(requested.warmup_steps)
         self._gathering = None  # the last check's figures, on their way to every rank
         self._following = None  # the configuration whose sets are being registered ahead
@@ -104,7 +102,7 @@ class Resensing:
         config, _ = self.requested.resolve(lambda *_: (self.sensed.topology(), self.sensed), job_topology)
         # The groups the new configuration averages in first, registered while the old ones go on.
         change = SyncPlan.from_config(world.scope.rank, world.scope.world_size, config).window_change(step + 1)
-        self.registry.register_ahead(change[0], ordered=self.ordered)
+        self.registry.register_ahead(change[0])
         self._following = config
         self._gather(world)
         return None
