@@ -12,11 +12,11 @@ import warnings
 
 __all__ = ["PATCH_LEVEL", "patch_level", "missing_patches", "supported", "warn_once"]
 
-PATCH_LEVEL = 9  # what scripts/setup.sh builds (its HOROVOD_PATCH)
+PATCH_LEVEL = 10  # what scripts/setup.sh builds (its HOROVOD_PATCH)
 DOCS = "docs/build.md in hvd_dssync's sources"
 
 # (level, the string that level leaves in the library), newest first.
-_MARKERS = ((9, b"hvd_dssync-build-patch-level-9"), (8, b"hvd_dssync-build-patch-level-8"),
+_MARKERS = ((10, b"hvd_dssync-build-patch-level-10"), (9, b"hvd_dssync-build-patch-level-9"), (8, b"hvd_dssync-build-patch-level-8"),
             (7, b"hvd_dssync-build-patch-level-7"),
             (6, b"HOROVOD_DYNAMIC_PROCESS_SETS_CHECK_EVERY"))
 
@@ -32,6 +32,9 @@ _LEVELS = {
         "the groups' averages keep every waiting rank's core busy, and single steps take seconds"),
     9: ("ordered process sets", "without it every group average waits for Horovod's loop to negotiate it with "
         "the group's members first, a cycle or more, and longer beside other sets' ops"),
+    10: ("waiting handles", "without it hvd.synchronize polls (sleeping up to 1 ms between polls here), so every "
+         "average returns up to a sleep after it completed, and an ordered set's header check takes 2 (n - 1) "
+         "exchanges in turn instead of one"),
 }
 
 

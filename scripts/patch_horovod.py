@@ -22,9 +22,9 @@ The fixes are in ``GlooContext::InitializeForProcessSet`` (``horovod/common/gloo
    the background loop, so all ranks still agree on the same cycles; a set added or removed waits up to
    that many cycles longer.
 
-4. **Waiting without starving the workers** (``horovod/torch/mpi_ops_v2.cc``, ``horovod/tensorflow/mpi_ops.cc``).
-   ``hvd.synchronize`` (every synchronous PyTorch op) and TensorFlow's in-place broadcast wait for Horovod's
-   background thread by calling ``sched_yield`` in a loop. Where ranks outnumber cores (tests, CI, a laptop),
+4. **Waiting without starving the workers** (``horovod/tensorflow/mpi_ops.cc``). TensorFlow's in-place
+   broadcast waits for Horovod's background thread by calling ``sched_yield`` in a loop (as
+   ``hvd.synchronize`` did, which scripts/patches/waiting-handles.patch makes block until woken). Where ranks outnumber cores (tests, CI, a laptop),
    the spinning Python threads keep the background and Gloo threads that do the work off the CPU: on a 2-core
    machine (Linux 6.18) a 3-rank job's background and Gloo threads waited 0.4-0.6 s of every second for a
    core, collectives that take milliseconds took seconds, and some ran past Gloo's 30 s timeout
@@ -65,12 +65,6 @@ BACKOFF = ("if (++polls <= 16) { std::this_thread::yield(); } else { "
            "std::this_thread::sleep_for(std::chrono::microseconds(pause_us)); "
            "pause_us = pause_us < 1000 ? 2 * pause_us : 1000; }")
 WAIT_PATCHES = {
-    "torch/mpi_ops_v2.cc": [
-        ("void WaitAndClear(int handle) {\n  while (true) {\n",
-         "void WaitAndClear(int handle) {\n  " + BACKOFF_STATE + "\n  while (true) {\n"),
-        ("      py::gil_scoped_release release_python_gil;\n      std::this_thread::yield();\n",
-         "      py::gil_scoped_release release_python_gil;\n      " + BACKOFF + "\n"),
-    ],
     "tensorflow/mpi_ops.cc": [
         ("    while (!any_failures_and_tensors_done->first.load() &&\n"
          "           any_failures_and_tensors_done->second.load() < num_variables_) {\n"

@@ -36,7 +36,8 @@ def test_dynamic_sets_agree_when_checked_every_64_cycles(launcher):
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_waiting_rank_leaves_the_core(launcher):
     """Rank 0's main thread waits 3 s in ``hvd.allreduce`` for rank 1 using under a quarter of that in CPU time
-    (a spinning wait uses all of it)."""
+    (a spinning wait uses all of it) and leaving the core fewer than 50 times: it is woken when the op is done
+    (patch level 10), where patch level 9's sleeps between polls woke it about a thousand times a second."""
     output = run(launcher, 2, "wait_cpu.py", timeout=120)
     assert output.count("all checks passed") == 2, output
 
@@ -48,8 +49,8 @@ def test_the_build_is_at_the_current_patch_level(tmp_path):
     released = tmp_path / "mpi_lib_v2.so"
     released.write_bytes(b"\x7fELF Horovod as released")
     assert build.patch_level(str(released)) == 0
-    assert len(build.missing_patches(0)) == 4 and build.missing_patches(0)[-1:] == build.missing_patches(8)
-    assert build.supported(build.PATCH_LEVEL)[0] == "ordered process sets" and build.supported(0) == []
+    assert len(build.missing_patches(0)) == 5 and build.missing_patches(0)[-2:] == build.missing_patches(8)
+    assert build.supported(build.PATCH_LEVEL)[0] == "waiting handles" and build.supported(0) == []
 
 
 @pytest.mark.multirank

@@ -1,17 +1,20 @@
 """Horovod's blocking collectives, waited for without keeping a core busy.
 
-``hvd.synchronize`` as released waits in a loop that only yields the core (``std::this_thread::yield``;
-the Horovod that scripts/setup.sh builds backs off to sleeps itself, scripts/patch_horovod.py), so a rank
-waiting for its group's average keeps a core busy until the average lands. Where ranks share cores (more
-ranks than cores, or ranks beside data loaders), that busy wait takes the core from the ranks still
-computing and from the Horovod threads that move the bytes. Here a rank sleeps between polls instead,
-a little longer each time up to :data:`LONGEST_SLEEP`, which bounds what a finished op waits to be noticed.
-docs/tuning.md has what this wait measured against ``hvd.synchronize`` on the emulated cluster.
+``hvd.synchronize`` as released waits in a loop that only yields the core (``std::this_thread::yield``), so a
+rank waiting for its group's average keeps a core busy until the average lands. Where ranks share cores (more
+ranks than cores, or ranks beside data loaders), that busy wait takes the core from the ranks still computing
+and from the Horovod threads that move the bytes. On the Horovod that scripts/setup.sh builds (patch level 10,
+scripts/patches/waiting-handles.patch) ``hvd.synchronize`` blocks until the op's callback wakes it, as
+``torch.distributed``'s ``Work.wait`` does, and :func:`wait` calls it. On any other Horovod a rank sleeps
+between polls instead, a little longer each time up to :data:`LONGEST_SLEEP`, which bounds what a finished op
+waits to be noticed. docs/build.md has what the blocking wait measured.
 """
 import time
 
 import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError
+
+from hvd_dssync import build
 
 __all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP",
            "SHUT_DOWN"]
@@ -21,10 +24,13 @@ SHUT_DOWN = ("hvd_dssync: Horovod is shut down, so this step cannot average: ano
 
 FIRST_SLEEP = 5e-5
 LONGEST_SLEEP = 1e-3
+# hvd.synchronize blocks until woken (waiting handles, patch level 10) rather than spinning.
+_BLOCKING_SYNCHRONIZE = build.patch_level() >= 10
 
 
 def wait(handle):
-    """``hvd.synchronize(handle)``, sleeping between polls rather than spinning.
+    """``hvd.synchronize(handle)`` without spinning: blocked until woken on the project's build, sleeping
+    between polls on any other Horovod.
 
     Example::
 
@@ -33,7 +39,7 @@ def wait(handle):
     """
     pause = FIRST_SLEEP
     try:
-        while not hvd.poll(handle):
+        while not _BLOCKING_SYNCHRONIZE and not hvd.poll(handle):
             time.sleep(pause)
             pause = min(2 * pause, LONGEST_SLEEP)
         return hvd.synchronize(handle)
