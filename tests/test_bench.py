@@ -376,6 +376,17 @@ def test_the_default_decides_overlap_by_a_trial_alike_on_every_rank():
     assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
 
 
+@needs_namespaces
+@pytest.mark.multirank
+def test_the_keras_default_decides_overlap_by_a_trial_and_folds_exactly():
+    """The same in the Keras adapter, its decision forced on, then off, then as measured: the averages keep the
+    mean of the ranks' models exactly either way (tests/workers/keras_overlap_hosts.py), and every rank takes
+    the same decision."""
+    outputs = _on_four_hosts_in_two_racks("keras_overlap_hosts.py", "dssync-default", timeout=180)
+    decided = [[line for line in out.splitlines() if line.startswith("OVERLAP ")] for out in outputs]
+    assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
+
+
 def _on_four_hosts_in_two_racks(worker, contender, timeout, inter_mbit=20, env=None, meanwhile=None):
     """Run ``tests/workers/<worker>`` on 4 emulated hosts of one rank, 2 racks (hosts 200 Mbit/s, ``inter_mbit``
     between the racks: 10x slower by default, 0 unshaped), with the bench's rendezvous, ``contender``'s

@@ -49,7 +49,7 @@ class Averaging:
         averaging.average(switch, variables, step, branch, check)          # after it
     """
 
-    def __init__(self, settings, process_set, guard, sparse, average, flight=None):
+    def __init__(self, settings, process_set, guard, sparse, average, flight=None, choice=None):
         # Horovod's arguments: op, compression, gradient_predivide_factor, sparse_as_dense, device_dense.
         self.op = settings["op"]
         self.compression = settings["compression"]
@@ -68,6 +68,8 @@ class Averaging:
         self._carries, self._agreed = {}, {}
         # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in a period late.
         self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge)
+        # The default's trial (an .overlap_choice.OverlapChoice): each step's way read from its variable.
+        self.choice = choice
 
     def forget_reference(self):
         """After a change of world: the next average after the warm-up sets the reference again."""
@@ -145,11 +147,26 @@ class Averaging:
         """Assign to ``variables`` their average inside this rank's group at ``step`` (a tensor), whose switch
         branch is ``branch`` (a tensor); an op."""
         variables = list(variables)
-        if self.overlapped is not None:
+        by_rows = self.sparse.positions() if self.compression is hvd.Compression.none else {}
+        if self.overlapped is not None and self.choice is None:
             return self.overlapped.average(switch, variables, step, branch, check)
+        if self.choice is not None and by_rows:
+            self.choice.rule_out()  # tables averaged by their rows are waited for
+        elif self.choice is not None:
+            # The trial: each step's way read from its variable. A waited average folds in first what an
+            # overlapped one left in flight (where the trial turned overlap off).
+            def waited():
+                folded = self.overlapped.fold_in_flight(switch, variables, check)
+                return tf.group(self._waited(switch, variables, step, branch, [folded], by_rows))
+
+            return tf.cond(self.choice.overlapped,
+                           lambda: tf.group(self.overlapped.average(switch, variables, step, branch, check)), waited)
+        return self._waited(switch, variables, step, branch, check, by_rows)
+
+    def _waited(self, switch, variables, step, branch, check, by_rows):
+        """:meth:`average`, the average waited for; ``by_rows``: the tables averaged by their rows."""
         guard, sparse = self.guard, self.sparse
         begun = guard.begin(switch, branch, step, "group")
-        by_rows = sparse.positions() if self.compression is hvd.Compression.none else {}
         with tf.control_dependencies(check + [begun]):
             # Tables averaged by their rows are not read whole: a live read would make their row update copy
             # the whole table first (copy-on-write).

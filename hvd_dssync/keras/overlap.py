@@ -108,6 +108,13 @@ class OverlappedAveraging:
         with tf.control_dependencies([folded]):
             return tf.cond(averaging, lambda: self._send(switch, variables, step, branch), lambda: tf.constant(False))
 
+    def fold_in_flight(self, switch, variables, check):
+        """An op: fold in the average in flight, if any, waiting for it (before a waited average)."""
+        with tf.control_dependencies(check):
+            pending = tf.py_function(lambda: self.flight.pending, [], tf.bool, name=f"{self.flight.name}_overlap_pending")
+        pending.set_shape([])
+        return tf.cond(pending, lambda: self._fold(switch, variables), lambda: tf.constant(False))
+
     def drain(self):
         """Fold in the average in flight now (eagerly), if any: before anything that needs the ranks' models
         as they would be without overlap. Call it on every rank of the groups."""

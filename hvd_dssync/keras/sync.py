@@ -27,6 +27,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from ..overlap import runs_trial
 from ..plan import check_ranks_agree
 from ..process_sets import elastic_job, registry_for
 from ..scope import Scope, acquire_registered
@@ -36,6 +37,7 @@ from .exit import watch_until_exit
 from .functions import allgather_job_rows
 from .graph_plan import make_plan
 from .overlap import InFlight
+from .overlap_choice import OverlapChoice
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
 from .switch import KEEP_BRANCH, Switch
@@ -99,9 +101,15 @@ class StepSync:
         self.sparse = SparseRows(self.name, process_set, exact_average)  # embedding tables by their rows
         horovod_settings = {"op": op, "compression": compression, "sparse_as_dense": sparse_as_dense,
                             "gradient_predivide_factor": gradient_predivide_factor, "device_dense": device_dense}
-        # overlap=True: each average runs on a thread of its own through the local steps that follow (.overlap).
-        flight = InFlight(self.name) if config is not None and config.overlap else None
-        self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight)
+        # overlap=True: each average runs on a thread of its own through the local steps that follow (.overlap);
+        # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
+        trial = config is not None and not elastic_job() and runs_trial(
+            config.overlap, compression is not hvd.Compression.none, config.adaptive() is not None, plan.world_size,
+            hvd.size() > hvd.local_size())
+        self.choice = OverlapChoice(self.name, plan, process_set) if trial else None
+        flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
+        self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight,
+                                   self.choice)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
         # Created here, eagerly: a variable created while a tf.function is traced makes it trace again.
@@ -289,10 +297,21 @@ class StepSync:
         check = self.world_check()
         if self.plan.world_size == 1 or not variables or not self._table.any():
             return tf.group(*check)
-        return self.averaging.average(self.switch, variables, step, self.branch(step), check)
+        averaged = self.averaging.average(self.switch, variables, step, self.branch(step), check)
+        if self.choice is None:
+            return averaged
+        with tf.control_dependencies([averaged]):
+            return self.choice.end_step(step)
+
+    @property
+    def overlap(self):
+        """Whether the averages run behind compute: True, False, or None while the default's trial runs."""
+        if self.choice is None:
+            return bool(self.config is not None and self.config.overlap)
+        return self.choice.trial.decided
 
     def drain(self):
-        """Fold in the average in flight (``overlap=True``), eagerly; nothing otherwise. Call it on every rank,
+        """Fold in the average in flight (``overlap=True``, or the default's trial), eagerly; nothing otherwise. Call it on every rank,
         where the models must be what waited averages would have left (``synchronize_models``, exit)."""
         if self.averaging.overlapped is not None:
             self.averaging.overlapped.drain()
