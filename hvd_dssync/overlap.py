@@ -15,6 +15,7 @@ or ``False`` decides without a trial; so does a job on one host (:func:`runs_tri
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
 import math
+import time
 
 import numpy as np
 
@@ -90,6 +91,7 @@ class OverlapTrial:
         self.decided = None  # True / False once decided
         self.gain = math.nan
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
+        self._last_end = None  # when the step before ended (step_ended)
 
     @property
     def last(self):
@@ -110,6 +112,18 @@ class OverlapTrial:
     def due(self, step):
         """Whether the ranks decide after ``step`` (:meth:`figures`, then :meth:`decide`)."""
         return self.decided is None and step == self.last
+
+    def step_ended(self, step, gather):
+        """What an adapter calls at the end of each step: notes the step's seconds, from the end of the step
+        before; at the trial's last step, decides from ``gather(figures)``, the adapter's allgather of
+        :meth:`figures` over the optimizer's ranks (a collective, at the same step on every rank). Returns the
+        decision taken at this step, or None."""
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.note(step, now - self._last_end)
+        decided = self.decide(gather(self.figures())) if self.due(step) else None
+        self._last_end = time.perf_counter()
+        return decided
 
     def figures(self):
         """This rank's seconds of each averaging period of the trial, the waited ones first: one row."""

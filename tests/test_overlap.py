@@ -118,3 +118,20 @@ def test_ruled_out_or_not_run():
     for arguments in ((False, False, False, 8, True), (True, False, False, 8, True), (None, True, False, 8, True),
                       (None, False, True, 8, True), (None, False, False, 1, True), (None, False, False, 8, False)):
         assert not runs_trial(*arguments), arguments
+
+
+def test_the_adapters_step_end_gathers_once_at_the_trials_last_step():
+    """``step_ended``, what both adapters call after every step: it times the steps itself and calls the
+    adapter's allgather once, at the trial's last step, where it decides."""
+    trial = OverlapTrial(start=0, period=1)
+    calls = []
+
+    def gather(figures):
+        calls.append(figures.shape)
+        return np.concatenate([figures, figures])  # two ranks alike
+
+    decisions = [trial.step_ended(step, gather) for step in range(trial.last + 3)]
+    assert calls == [(1, 2 * trial.blocks)], calls
+    assert decisions[:trial.last] == [None] * trial.last and decisions[trial.last] in (True, False)
+    assert decisions[trial.last + 1:] == [None, None] and trial.decided is decisions[trial.last]
+    assert (trial.figures() > 0).all()  # every period timed (the untimed set-up period holds the first step)

@@ -6,7 +6,6 @@ traced ``train_function`` serves the trial's waited steps, its overlapped ones a
 end (``tf.py_function``) times the step and sets the variable for the next one.
 """
 import logging
-import time
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -39,7 +38,6 @@ class OverlapChoice:
         self.process_set = process_set
         policy = plan.policy
         self.trial = OverlapTrial(policy.warmup_steps, policy.average_every, plan.schedule.cycle)
-        self._last_end = None
         # Created eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
             self.overlapped = tf.Variable(self.trial.overlap_at(0), trainable=False, name="dssync_overlapped")
@@ -59,17 +57,12 @@ class OverlapChoice:
         return tf.py_function(self._end_step, [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
 
     def _end_step(self, step):
+        def gather(figures):
+            return hvd.allgather(tf.constant(figures), name=f"{self.name}_overlap_trial",
+                                 process_set=self.process_set, ignore_name_scope=True).numpy()
+
         step = int(step)
-        now = time.perf_counter()
-        if self._last_end is not None:
-            self.trial.note(step, now - self._last_end)
-        if self.trial.due(step):
-            figures = tf.constant(self.trial.figures())
-            gathered = hvd.allgather(figures, name=f"{self.name}_overlap_trial", process_set=self.process_set,
-                                     ignore_name_scope=True)
-            self.trial.decide(gathered.numpy())
-            if self.process_set.rank() == 0:
-                log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
+        if self.trial.step_ended(step, gather) is not None and self.process_set.rank() == 0:
+            log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         self.overlapped.assign(self.trial.overlap_at(step + 1))
-        self._last_end = time.perf_counter()
         return True

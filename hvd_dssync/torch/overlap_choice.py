@@ -1,7 +1,6 @@
 """The default's choice of overlap in the PyTorch adapter (``overlap=None``): the trial of :mod:`hvd_dssync.overlap`
 timed on this rank's steps, its figures gathered once over the optimizer's ranks."""
 import logging
-import time
 
 import horovod.torch as hvd
 import torch
@@ -33,7 +32,6 @@ class OverlapChoice:
         self.name = name
         policy = plan.policy
         self.trial = OverlapTrial(policy.warmup_steps, policy.average_every, plan.schedule.cycle)
-        self._last_end = None
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
@@ -42,18 +40,14 @@ class OverlapChoice:
         return self.trial.overlap_at(step)
 
     def end_step(self, world, step):
-        """Time the step (from the end of the one before); at the trial's last step, gather every rank's
-        figures over the optimizer's process set and decide (a collective, at the same step everywhere).
-        Returns the decision taken at this step, or None."""
-        now = time.perf_counter()
-        if self._last_end is not None:
-            self.trial.note(step, now - self._last_end)
-        decided = None
-        if self.trial.due(step):
-            figures = torch.from_numpy(self.trial.figures())
-            gathered = hvd.allgather(figures, name=f"{self.name}.overlap", process_set=world.process_set)
-            decided = self.trial.decide(gathered.numpy())
-            if world.scope.rank == 0:
-                log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
-        self._last_end = time.perf_counter()
+        """Time the step; at the trial's last step, gather every rank's figures over the optimizer's process set
+        and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the decision taken at this
+        step, or None."""
+        def gather(figures):
+            return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
+                                 process_set=world.process_set).numpy()
+
+        decided = self.trial.step_ended(step, gather)
+        if decided is not None and world.scope.rank == 0:
+            log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         return decided
