@@ -86,7 +86,7 @@ def missing_patches(level):
         >>> missing_patches(PATCH_LEVEL)
         []
         >>> len(missing_patches(6))
-        3
+        4
     """
     return [": ".join(_LEVELS[k]) for k in sorted(_LEVELS) if k > level]
 
