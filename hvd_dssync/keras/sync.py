@@ -311,8 +311,9 @@ class StepSync:
         return self.choice.trial.decided
 
     def drain(self):
-        """Fold in the average in flight (``overlap=True``, or the default's trial), eagerly; nothing otherwise. Call it on every rank,
-        where the models must be what waited averages would have left (``synchronize_models``, exit)."""
+        """Fold in the average in flight (``overlap=True``, or the default's trial), eagerly; nothing otherwise.
+        Call it on every rank, where the models must be what waited averages would have left
+        (``synchronize_models``, exit)."""
         if self.averaging.overlapped is not None:
             self.averaging.overlapped.drain()
 

@@ -14,7 +14,7 @@ import time
 import horovod.torch as hvd
 from horovod.common.exceptions import HorovodInternalError
 
-from hvd_dssync import build
+from .. import build
 
 __all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP",
            "SHUT_DOWN"]
