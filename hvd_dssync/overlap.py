@@ -93,6 +93,12 @@ class OverlapTrial:
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
         self._last_end = None  # when the step before ended (step_ended)
 
+    @classmethod
+    def of(cls, plan):
+        """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan`: after its warm-up, one period per
+        average, whole cycles of its schedule."""
+        return cls(plan.policy.warmup_steps, plan.policy.average_every, plan.schedule.cycle)
+
     @property
     def last(self):
         """The trial's last step, where it decides."""

@@ -36,8 +36,7 @@ class OverlapChoice:
     def __init__(self, name, plan, process_set):
         self.name = name
         self.process_set = process_set
-        policy = plan.policy
-        self.trial = OverlapTrial(policy.warmup_steps, policy.average_every, plan.schedule.cycle)
+        self.trial = OverlapTrial.of(plan)
         # Created eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
             self.overlapped = tf.Variable(self.trial.overlap_at(0), trainable=False, name="dssync_overlapped")

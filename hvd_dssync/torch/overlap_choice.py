@@ -30,8 +30,7 @@ class OverlapChoice:
 
     def __init__(self, name, plan):
         self.name = name
-        policy = plan.policy
-        self.trial = OverlapTrial(policy.warmup_steps, policy.average_every, plan.schedule.cycle)
+        self.trial = OverlapTrial.of(plan)
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
