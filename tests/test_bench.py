@@ -119,6 +119,18 @@ def _row(scenario, contender, t, acc=0.96, step=0.1, train_seconds=20.0):
             "train_seconds": train_seconds}
 
 
+def test_the_cross16_contender_averages_every_8_steps_and_crosses_at_every_other_average():
+    from hvd_dssync.bench.catalog import dssync_arguments
+    from hvd_dssync.plan import SyncPlan
+    racks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    arguments = dssync_arguments("dssync-topology-local-cross16-p8", {"racks": racks, "local_period": 4})
+    plan = SyncPlan(rank=3, world_size=8, **arguments)  # rank 3: its rack's bridge
+    averaged = {step: plan.action(step).group for step in range(64) if plan.action(step).kind != "local"}
+    assert sorted(averaged) == list(range(7, 64, 8)), averaged
+    crossing = [step for step, group in averaged.items() if plan.schedule.crosses(group)]
+    assert crossing == list(range(15, 64, 16)), averaged
+
+
 def test_report_table_and_targets_checked_per_dssync_contender():
     rows = [_row("static", "horovod-bsp", 12.0), _row("static", "postlocal-periodic", 6.0),
             _row("static", "postlocal-hierarchical", 4.0), _row("static", "ddp", 1.0),

@@ -30,6 +30,7 @@ DSSYNC_CONTENDERS = {
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
     "dssync-topology-local-p2": ("topology", True),
     "dssync-topology-local-p8": ("topology", True),
+    "dssync-topology-local-cross16-p8": ("topology", True),
     "dssync-topology-local-g16": ("topology", True),
     "dssync-topology-local-plain": ("topology", True),
 }
@@ -40,6 +41,10 @@ GLOBAL_EVERY = {"dssync-topology-local-g16": 16}
 # Contenders whose bridges average plainly (``exact_bridges=False``): a rack takes in a rack size's share of
 # the others' model per crossing, not all of it (what the exact bridges buy).
 PLAIN_BRIDGES = {"dssync-topology-local-plain"}
+# Contenders with another count of averages inside the racks between bridges (``intra_steps``; 3 by default):
+# "-cross16-p8" averages every 8 steps and crosses at every other average, every 16 steps as the default does
+# at 4 steps a period, with half the racks' averages.
+INTRA_STEPS = {"dssync-topology-local-cross16-p8": 1}
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
@@ -109,7 +114,9 @@ def dssync_arguments(name, config):
     if name in GLOBAL_EVERY:
         out["global_every"] = GLOBAL_EVERY[name]
     if name in PLAIN_BRIDGES:
-        out["schedule_options"] = {"exact_bridges": False}
+        out.setdefault("schedule_options", {})["exact_bridges"] = False
+    if name in INTRA_STEPS:
+        out.setdefault("schedule_options", {})["intra_steps"] = INTRA_STEPS[name]
     return out
 
 

@@ -67,6 +67,8 @@ CONFIGS = {
     "dssync-every-8": {"average_every": 8},
     # The racks every 4 steps, the slow link every 32 (7 steps inside the racks between bridges).
     "dssync-every-4-cross-32": {"average_every": 4, "schedule_options": {"intra_steps": 7}},
+    # The racks every 8 steps, the slow link every 16 (one average inside the racks between bridges).
+    "dssync-every-8-cross-16": {"average_every": 8, "schedule_options": {"intra_steps": 1}},
     "dssync-every-8-plain-bridges": {"average_every": 8, "schedule_options": {"exact_bridges": False}},
     "dssync-every-8-global-32": {"average_every": 8, "global_every": 32},
     "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
