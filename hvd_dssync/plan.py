@@ -18,7 +18,8 @@ from .policy import BSP, GLOBAL, GROUP, LOCAL, Policy
 from .scope import scope_of
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
-           "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world"]
+           "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world",
+           "refuse_global_route"]
 
 
 class Action(NamedTuple):
@@ -74,6 +75,11 @@ class SyncPlan:
         self.world = tuple(range(world_size))
         self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every, average_every=average_every)
         self.schedule = build_schedule(world_size, schedule, num_groups, group_size, seed, topology, schedule_options)
+        if getattr(self.schedule, "intra_steps", 0) is None and len(self.schedule.racks) > 1 and not global_every \
+                and adaptive is None:
+            raise ValueError("Arg ``schedule_options``: intra_steps=None has no bridge step, so the racks meet only "
+                             "in global averages, but ``global_every`` is 0; pass global_every (for example 32, "
+                             "with average_every=8 and global_via_bridges=True).")
         self._window = None
         self.adaptive = None
         if adaptive is not None:
@@ -125,6 +131,22 @@ class SyncPlan:
             return None
         return self.schedule.bridge(self.rank, self._schedule_step(step))
 
+    def global_route(self, step):
+        """How this rank takes part in the global average at ``step`` where it goes through the racks
+        (:class:`hvd_dssync.schedules.GlobalRoute`: the topology-aware schedule's ``global_via_bridges``), else
+        ``None`` (not a global step, or one average over every rank).
+
+        Example::
+
+            >>> plan = SyncPlan(rank=3, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+            ...                 average_every=4, global_every=8, schedule_options={"global_via_bridges": True})
+            >>> [t for t in range(24) if plan.global_route(t)], plan.global_route(7)
+            ([7, 15, 23], GlobalRoute(rack=(2, 3), group=(1, 3), speaks=True, scale=1.0))
+        """
+        if (self.adaptive or self.policy).action(step) != GLOBAL:
+            return None
+        return self.schedule.global_route(self.rank, self._schedule_step(step))
+
     def partition(self, step):
         """Every group that averages at ``step``, on any rank: the schedule's partition, all ranks together for
         a bulk-synchronous or global step, none for a local step. Where knowledge carried by the averages
@@ -175,6 +197,36 @@ class SyncPlan:
         if self.adaptive is not None:
             config["adaptive"] = self.adaptive.policy.config()
         return config
+
+
+def refuse_global_route(schedule, adapter, lossy_compression=False, adaptive=False, sparse=False):
+    """Raise a ``ValueError`` where a schedule's global averages go through the racks
+    (``global_via_bridges``) and the optimizer cannot honour it: in the Keras adapter, or beside a lossy
+    compression (whose reference moves with one average over every rank), the adaptive policy (which times
+    its global averages as one) or sparse averaging (whose row sets are gathered over every rank). A pure
+    function of its arguments: every rank raises alike. No communication.
+
+    Example::
+
+        >>> from hvd_dssync.schedules import TopologyAware
+        >>> from hvd_dssync.topology import Topology
+        >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), global_via_bridges=True)
+        >>> refuse_global_route(t, "PyTorch")
+        >>> refuse_global_route(t, "PyTorch", adaptive=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: Arg ``schedule_options``: global_via_bridges=True cannot be honoured with policy="adaptive"; ...
+    """
+    if not getattr(schedule, "global_via_bridges", False):
+        return
+    beside = [what for what, given in (("a lossy compression", lossy_compression), ('policy="adaptive"', adaptive),
+                                      ("sparse_average", sparse)) if given]
+    if adapter != "PyTorch":
+        beside.insert(0, f"the {adapter} adapter (PyTorch's only)")
+    if beside:
+        raise ValueError(f"Arg ``schedule_options``: global_via_bridges=True cannot be honoured with "
+                         f"{' or '.join(beside)}; its global averages go through the racks in three averages, "
+                         "waited for. Leave it out to average over every rank at once.")
 
 
 def carry_fate(kind):

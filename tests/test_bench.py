@@ -131,7 +131,20 @@ def test_the_cross16_contender_averages_every_8_steps_and_crosses_at_every_other
     assert crossing == list(range(15, 64, 16)), averaged
 
 
-def test_report_table_and_targets_checked_per_dssync_contender():
+def test_the_global32_contenders_average_the_racks_every_8_steps_and_every_rank_every_32():
+    from hvd_dssync.bench.catalog import dssync_arguments
+    from hvd_dssync.plan import SyncPlan
+    config = {"racks": [[0, 1, 2, 3], [4, 5, 6, 7]], "local_period": 4}
+    for name, routed in (("dssync-topology-global32-p8", True), ("dssync-topology-global32-ring-p8", False)):
+        plan = SyncPlan(rank=0, world_size=8, **dssync_arguments(name, config))
+        kinds = {step: plan.action(step).kind for step in range(64) if plan.action(step).kind != "local"}
+        assert kinds == {7: "group", 15: "group", 23: "group", 31: "global", 39: "group", 47: "group",
+                         55: "group", 63: "global"}, (name, kinds)
+        assert not any(plan.schedule.crosses(g) for g in plan.schedule.groups(0)), name
+        assert (plan.global_route(31) is not None) == routed, name
+
+
+
     rows = [_row("static", "horovod-bsp", 12.0), _row("static", "postlocal-periodic", 6.0),
             _row("static", "postlocal-hierarchical", 4.0), _row("static", "ddp", 1.0),
             _row("static", "dssync-topology-local", 2.5, acc=0.958), _row("static", "dssync-topology", 5.0),

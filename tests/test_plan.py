@@ -84,3 +84,18 @@ def test_check_agreement_names_the_argument_and_the_ranks():
     with pytest.raises(ValueError, match=r"ranks disagree on seed \(rank 0 has 1, rank 3 has 2\)") as error:
         check_agreement(np.concatenate(differ))
     assert "groups (" not in str(error.value)  # the groups follow from the seed: not named besides it
+
+
+def test_global_averages_through_the_racks_are_refused_where_they_cannot_be_honoured():
+    from hvd_dssync.plan import refuse_global_route
+    from hvd_dssync.schedules import TopologyAware
+    from hvd_dssync.topology import Topology
+    routed = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), global_via_bridges=True)
+    refuse_global_route(routed, "PyTorch")
+    refuse_global_route(TopologyAware(Topology.from_racks([[0, 1], [2, 3]])), "Keras", lossy_compression=True,
+                        adaptive=True, sparse=True)  # not asked for: nothing to refuse
+    for adapter, beside, words in (("Keras", {}, "the Keras adapter"),
+                                   ("PyTorch", {"lossy_compression": True}, "a lossy compression"),
+                                   ("PyTorch", {"sparse": True}, "sparse_average")):
+        with pytest.raises(ValueError, match=f"global_via_bridges=True cannot be honoured with {words}"):
+            refuse_global_route(routed, adapter, **beside)

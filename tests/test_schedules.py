@@ -186,6 +186,51 @@ def test_plain_bridges_take_in_a_rack_size_share():
         TopologyAware(topology_from_sizes([2, 2]), exact_bridges=1)
 
 
+def _through_the_racks(schedule, step, x):
+    """What every rank holds after a global average through the racks (``schedule.global_route``), done as
+    the PyTorch adapter does it: the rack's mean, the speakers' average of their scaled rack means (every
+    other rank averages nothing that is kept), each rack's sum of its speaker's result and zeros."""
+    n = len(x)
+    routes = [schedule.global_route(r, step) for r in range(n)]
+    held = np.array([x[list(route.rack)].mean(axis=0) for route in routes])
+    for group in {route.group for route in routes if route.speaks}:
+        mean = np.mean([held[r] * routes[r].scale for r in group], axis=0)
+        held[list(group)] = mean
+    spoken = np.array([held[r] if routes[r].speaks else np.zeros_like(held[r]) for r in range(n)])
+    return np.array([spoken[list(route.rack)].sum(axis=0) for route in routes])
+
+
+@settings(max_examples=60, deadline=None)
+@given(racks_strategy.filter(lambda sizes: len(sizes) > 1), st.integers(1, 3), st.integers(1, 3),
+       st.sampled_from([None, 1, 2]), st.integers(0, 20))
+def test_a_global_average_through_the_racks_gives_every_rank_the_mean(sizes, intra_steps, max_cross, rotate, step):
+    """Whatever the racks' sizes, the bridges' count and rotation and the step: one speaker in each rack, its
+    group one the schedule has at its bridge step, and every rank ends with the mean of all models."""
+    topology = topology_from_sizes(sizes)
+    schedule = TopologyAware(topology, intra_steps=intra_steps, max_cross_groups=max_cross, rotate_every=rotate,
+                             global_via_bridges=True)
+    n = topology.world_size
+    routes = [schedule.global_route(r, step) for r in range(n)]
+    window = schedule.window_groups(schedule.window_of(step))
+    assert all(route.rack in window and route.group in window for route in routes)
+    for rack in topology.rack_ranks():
+        assert sum(routes[r].speaks for r in rack) == 1, routes
+    x = np.random.default_rng(sum(sizes) + step).standard_normal((n, 3))
+    assert np.allclose(_through_the_racks(schedule, step, x), x.mean(axis=0)), (sizes, routes)
+
+
+def test_global_averages_go_through_the_racks_only_where_asked_and_where_there_are_racks():
+    assert TopologyAware(topology_from_sizes([2, 2])).global_route(0, 0) is None
+    assert TopologyAware(topology_from_sizes([4]), global_via_bridges=True).global_route(0, 0) is None
+    routed = TopologyAware(topology_from_sizes([2, 2]), global_via_bridges=True)
+    assert routed.config()["global_via_bridges"] is True
+    assert "global_via_bridges" not in TopologyAware(topology_from_sizes([2, 2])).config()  # old checkpoints
+    x = np.array([[0.0], [1.0], [2.0], [7.0]])
+    assert np.array_equal(_through_the_racks(routed, 0, x), np.full((4, 1), 2.5))  # exact, racks of one size
+    with pytest.raises(TypeError, match="global_via_bridges"):
+        TopologyAware(topology_from_sizes([2, 2]), global_via_bridges=1)
+
+
 def test_topology_aware_fixed_bridges_need_steps_inside_the_racks():
     """With intra_steps=0 fixed bridges would keep a rack's other ranks apart from them: refused, naming the
     argument; rotating bridges, or racks of one rank each (one bridge group of everyone), are fine."""
@@ -425,3 +470,25 @@ def test_local_steps_use_every_partition():
     groups = [plan.action(t).group for t in range(8) if plan.action(t).kind == "group"]
     assert len(set(groups)) == 2 and groups[0] != groups[1]
     assert plan.action(0) == ("local", (0,))
+
+
+def test_racks_with_no_bridge_step_meet_in_global_averages_through_their_bridges():
+    """intra_steps=None: every average inside the racks, one partition a cycle, no exact-bridge copies; the
+    bridge step's groups are still registered where global averages go through them, and a plan without
+    global averages is refused (its racks would never meet), as are rotating bridges."""
+    topology = topology_from_sizes([3, 3])
+    schedule = TopologyAware(topology, intra_steps=None, global_via_bridges=True)
+    assert schedule.groups(0) == schedule.groups(5) == ((0, 1, 2), (3, 4, 5)) and schedule.cycle == 1
+    assert not schedule.has_bridges and schedule.bridge(2, 0) is None
+    assert set(schedule.every_group()) == {(0, 1, 2), (3, 4, 5), (2, 5), (0, 1), (3, 4)}
+    assert schedule.global_route(5, 9).group == (2, 5)
+    assert TopologyAware(topology, intra_steps=None).every_group() == ((0, 1, 2), (3, 4, 5))
+    with pytest.raises(ValueError, match="rotate_every"):
+        TopologyAware(topology, intra_steps=None, rotate_every=2)
+    racks = [[0, 1, 2], [3, 4, 5]]
+    options = {"intra_steps": None, "global_via_bridges": True}
+    plan = SyncPlan(0, 6, schedule="topology", topology=racks, average_every=8, global_every=32, schedule_options=options)
+    assert [t for t in range(64) if plan.action(t).kind != "local"] == [7, 15, 23, 31, 39, 47, 55, 63]
+    assert [t for t in range(64) if plan.global_route(t)] == [31, 63]
+    with pytest.raises(ValueError, match="``global_every`` is 0"):
+        SyncPlan(0, 6, schedule="topology", topology=racks, average_every=8, schedule_options=options)

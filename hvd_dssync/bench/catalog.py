@@ -31,20 +31,29 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local-p2": ("topology", True),
     "dssync-topology-local-p8": ("topology", True),
     "dssync-topology-local-cross16-p8": ("topology", True),
+    "dssync-topology-global32-p8": ("topology", True),
+    "dssync-topology-global32-ring-p8": ("topology", True),
     "dssync-topology-local-g16": ("topology", True),
     "dssync-topology-local-plain": ("topology", True),
 }
 # Contenders that also average over every rank every so many steps (``global_every``): the topology-aware
 # schedule with a global average as the hierarchical averager takes them, which kept Horovod's accuracy at
 # 4 steps a period where the racks' bridges alone did not (docs/tuning.md).
-GLOBAL_EVERY = {"dssync-topology-local-g16": 16}
+GLOBAL_EVERY = {"dssync-topology-local-g16": 16, "dssync-topology-global32-p8": 32,
+                "dssync-topology-global32-ring-p8": 32}
 # Contenders whose bridges average plainly (``exact_bridges=False``): a rack takes in a rack size's share of
 # the others' model per crossing, not all of it (what the exact bridges buy).
 PLAIN_BRIDGES = {"dssync-topology-local-plain"}
 # Contenders with another count of averages inside the racks between bridges (``intra_steps``; 3 by default):
 # "-cross16-p8" averages every 8 steps and crosses at every other average, every 16 steps as the default does
 # at 4 steps a period, with half the racks' averages.
-INTRA_STEPS = {"dssync-topology-local-cross16-p8": 1}
+# "-global32" averages the racks every 8 steps and every rank every 32, as the hierarchical averager at p = 16
+# does, with no bridge step (None): the racks meet only in the global averages.
+INTRA_STEPS = {"dssync-topology-local-cross16-p8": 1, "dssync-topology-global32-p8": None,
+               "dssync-topology-global32-ring-p8": None}
+# Contenders whose global averages go through the racks (``global_via_bridges``: the rack's average, one bridge
+# rank of each rack averaging theirs, the rack taking the result); "-ring" averages over every rank at once.
+GLOBAL_VIA_BRIDGES = {"dssync-topology-global32-p8"}
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
@@ -117,6 +126,8 @@ def dssync_arguments(name, config):
         out.setdefault("schedule_options", {})["exact_bridges"] = False
     if name in INTRA_STEPS:
         out.setdefault("schedule_options", {})["intra_steps"] = INTRA_STEPS[name]
+    if name in GLOBAL_VIA_BRIDGES:
+        out.setdefault("schedule_options", {})["global_via_bridges"] = True
     return out
 
 

@@ -16,7 +16,7 @@ Where things are: :mod:`~hvd_dssync.schedules.base` (:class:`Schedule`, partitio
 """
 import numpy as np
 
-from .base import SCHEDULE_NAMES, Bridge, Schedule, _check_int, canonical_partition, validate_partition
+from .base import SCHEDULE_NAMES, Bridge, GlobalRoute, Schedule, _check_int, canonical_partition, validate_partition
 from .butterfly import Butterfly
 from .shuffle import Shuffle
 from .topology_aware import TopologyAware
@@ -25,6 +25,7 @@ from .user import UserSchedule
 __all__ = [
     "Schedule",
     "Bridge",
+    "GlobalRoute",
     "Shuffle",
     "Butterfly",
     "TopologyAware",

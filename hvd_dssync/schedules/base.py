@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Schedule", "Bridge", "canonical_partition", "validate_partition", "SCHEDULE_NAMES"]
+__all__ = ["Schedule", "Bridge", "GlobalRoute", "canonical_partition", "validate_partition", "SCHEDULE_NAMES"]
 
 SCHEDULE_NAMES = ("shuffle", "butterfly", "topology")
 
@@ -64,6 +64,30 @@ class Bridge(NamedTuple):
     """
     scale: float
     carry: float
+
+
+class GlobalRoute(NamedTuple):
+    """How a rank takes part in a global average that goes through the racks (:meth:`Schedule.global_route`).
+
+    Three averages, each in a group the schedule already has: ``rack`` averages its models; ``group`` (the
+    rank's group at the schedule's bridge step) averages what its members send, where only the *speakers*
+    (one bridge rank of each rack) send their rack's average, times ``scale`` so that each rack weighs by its
+    ranks; ``rack`` then sums what its speaker holds, the mean of every rank's model, and zeros from the
+    others. Each slow link carries one model each way, where a ring over every rank carries ``2 (n - 1) / n``
+    of one each way on each of the links it crosses.
+
+    Example::
+
+        >>> from hvd_dssync.schedules import TopologyAware
+        >>> from hvd_dssync.topology import Topology
+        >>> t = TopologyAware(Topology.from_racks([[0, 1, 2], [3, 4]]), global_via_bridges=True)
+        >>> t.global_route(2, 0), t.global_route(0, 0)
+        (GlobalRoute(rack=(0, 1, 2), group=(2, 4), speaks=True, scale=1.2), GlobalRoute(rack=(0, 1, 2), group=(0, 1), speaks=False, scale=1.0))
+    """
+    rack: tuple
+    group: tuple
+    speaks: bool
+    scale: float
 
 
 def _check_int(name, value, minimum):
@@ -148,6 +172,12 @@ class Schedule(abc.ABC):
     def bridge(self, rank, step):
         """How ``rank`` averages at ``step`` if its group there is an exact bridge (:class:`Bridge`), else
         ``None``: plain averaging, what every schedule but the topology-aware one does."""
+        return None
+
+    def global_route(self, rank, step):
+        """How ``rank`` takes part in a global average at ``step`` when it goes through the racks
+        (:class:`GlobalRoute`), else ``None``: one average over every rank, what every schedule but the
+        topology-aware one with ``global_via_bridges`` does."""
         return None
 
     @property

@@ -1,7 +1,7 @@
 """Averaging inside racks, crossing the slow links with few groups (:class:`TopologyAware`)."""
 import math
 
-from .base import Bridge, Schedule, _check_int, canonical_partition
+from .base import Bridge, GlobalRoute, Schedule, _check_int, canonical_partition
 
 __all__ = ["TopologyAware"]
 
@@ -25,12 +25,16 @@ class TopologyAware(Schedule):
 
     Args:
         topology: a :class:`hvd_dssync.topology.Topology`.
-        intra_steps: rack-local steps between bridge steps (0 makes every step a bridge step).
+        intra_steps: rack-local steps between bridge steps (0 makes every step a bridge step; ``None``: no
+            bridge step, the racks meet only in the global averages of ``global_every``).
         max_cross_groups: groups that may cross the slow links at a bridge step.
         rotate_every: periods before the bridge ranks change; ``None`` (the default) keeps the first
             bridges forever (one endless window: static process sets).
         exact_bridges: carry the bridge's move into the rack's next average (True, the default), or average
             the bridge group plainly (False).
+        global_via_bridges: a global average (``global_every``) goes through the racks and one bridge rank
+            of each (:class:`hvd_dssync.schedules.GlobalRoute`: one model over each slow link each way);
+            False (the default) averages over every rank at once. The PyTorch adapter's only.
 
     Example::
 
@@ -40,15 +44,21 @@ class TopologyAware(Schedule):
         (((0, 1), (2, 3)), ((0,), (1, 3), (2,)))
     """
 
-    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None, exact_bridges=True):
-        if not isinstance(exact_bridges, bool):
-            raise TypeError(f"Arg ``exact_bridges`` must be True or False, got {exact_bridges!r}.")
+    def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None, exact_bridges=True,
+                 global_via_bridges=False):
+        for name, value in (("exact_bridges", exact_bridges), ("global_via_bridges", global_via_bridges)):
+            if not isinstance(value, bool):
+                raise TypeError(f"Arg ``{name}`` must be True or False, got {value!r}.")
         self.exact_bridges = exact_bridges
+        self.global_via_bridges = global_via_bridges
         self.topology = topology
         self.world_size = topology.world_size
-        self.intra_steps = _check_int("intra_steps", intra_steps, 0)
+        self.intra_steps = None if intra_steps is None else _check_int("intra_steps", intra_steps, 0)
         self.max_cross_groups = _check_int("max_cross_groups", max_cross_groups, 1)
         self.rotate_every = None if rotate_every is None else _check_int("rotate_every", rotate_every, 1)
+        if self.intra_steps is None and self.rotate_every is not None:
+            raise ValueError("Arg ``rotate_every`` rotates the bridges of bridge steps, but intra_steps=None has "
+                             "none; leave rotate_every=None.")
         self.racks = tuple(tuple(r) for r in topology.rack_ranks() if r)
         self._rack_of = {rank: i for i, rack in enumerate(self.racks) for rank in rack}
         # Fixed bridges with no step inside the racks leave a rack's other ranks apart from its bridges for
@@ -58,33 +68,52 @@ class TopologyAware(Schedule):
             raise ValueError("Arg ``rotate_every``: fixed bridges (None) need ``intra_steps`` >= 1; with "
                              "intra_steps=0 the bridge ranks would never average with their own racks. "
                              "Pass rotate_every=1 (or more).")
-        self.window_steps = None if self.rotate_every is None else (self.intra_steps + 1) * self.rotate_every
+        self.window_steps = None if self.rotate_every is None else self.cycle * self.rotate_every
         self._cache = {}
 
     def partitions(self, window):
         cached = self._cache.get(window)
         if cached is None:
             intra = canonical_partition(self.racks)
-            cached = (intra,) * self.intra_steps + (self._bridge_partition(window),)
+            if self.intra_steps is None:
+                cached = (intra,)
+            else:
+                cached = (intra,) * self.intra_steps + (self._bridge_partition(window),)
             self._cache = {window: cached}
         return cached
+
+    def _bridges(self, window):
+        """The bridge groups of ``window``: the ``k``-th holds the ``k``-th bridge rank of every rack that has
+        one, so the first holds one rank of every rack."""
+        bridges = [[] for _ in range(self.max_cross_groups)]
+        for rack in self.racks:
+            for k in range(min(self.max_cross_groups, len(rack))):
+                # From the rack's last rank down, so that rank 0 crosses last (see the class docstring).
+                bridges[k].append(rack[-1 - (window * self.max_cross_groups + k) % len(rack)])
+        return [b for b in bridges if b]
 
     def _bridge_partition(self, window):
         if len(self.racks) == 1:
             return canonical_partition(self.racks)
-        bridges = [[] for _ in range(self.max_cross_groups)]
-        stay = []
-        for rack in self.racks:
-            chosen = set()
-            for k in range(min(self.max_cross_groups, len(rack))):
-                # From the rack's last rank down, so that rank 0 crosses last (see the class docstring).
-                rank = rack[-1 - (window * self.max_cross_groups + k) % len(rack)]
-                bridges[k].append(rank)
-                chosen.add(rank)
-            rest = [r for r in rack if r not in chosen]
-            if rest:
-                stay.append(rest)
-        return canonical_partition([b for b in bridges if b] + stay)
+        bridges = self._bridges(window)
+        chosen = {r for b in bridges for r in b}
+        stay = [rest for rest in ([r for r in rack if r not in chosen] for rack in self.racks) if rest]
+        return canonical_partition(bridges + stay)
+
+    def global_route(self, rank, step):
+        """With ``global_via_bridges`` and two racks or more, how ``rank`` takes part in a global average at
+        schedule step ``step`` (:class:`hvd_dssync.schedules.GlobalRoute`): its rack, its group of the
+        window's bridge step, whether it speaks for its rack (the first bridge group's ranks) and its scale
+        (``|rack| * racks / world_size``). Every group is one the window registers already."""
+        if not self.global_via_bridges or len(self.racks) == 1:
+            return None
+        window = self.window_of(step)
+        rack = self.racks[self._rack_of[rank]]
+        speakers = self._bridges(window)[0]
+        group = next(g for g in self._bridge_partition(window) if rank in g)
+        speaks = rank in speakers
+        scale = len(rack) * len(speakers) / self.world_size if speaks else 1.0
+        return GlobalRoute(rack=rack, group=group, speaks=speaks, scale=scale)
 
     def crosses(self, group):
         """Whether ``group`` spans more than one rack (a bridge group does).
@@ -132,13 +161,21 @@ class TopologyAware(Schedule):
             weights[member] = len(after) / sum(r in crossed for r in after)
         return Bridge(scale=weights[rank] * len(group) / sum(weights.values()), carry=weights[rank] - 1.0)
 
+    def window_groups(self, window):
+        """The groups of the window's steps and, where global averages go through the racks, of its bridge
+        step (with ``intra_steps=None`` the window has none: its global averages still use its groups)."""
+        groups = super().window_groups(window)
+        if self.global_via_bridges and len(self.racks) > 1:
+            groups = tuple(sorted(set(groups) | set(self._bridge_partition(window))))
+        return groups
+
     @property
     def cycle(self):
-        return self.intra_steps + 1
+        return 1 if self.intra_steps is None else self.intra_steps + 1
 
     @property
     def has_bridges(self):
-        return self.exact_bridges and len(self.racks) > 1
+        return self.exact_bridges and self.intra_steps is not None and len(self.racks) > 1
 
     def windows_repeat(self):
         """The bridges of a rack of ``n`` ranks come round again after ``n / gcd(n, max_cross_groups)``
@@ -158,4 +195,5 @@ class TopologyAware(Schedule):
     def config(self):
         return {"name": "topology", "world_size": self.world_size, "racks": [list(r) for r in self.racks],
                 "intra_steps": self.intra_steps, "max_cross_groups": self.max_cross_groups,
-                "rotate_every": self.rotate_every, "exact_bridges": self.exact_bridges}
+                "rotate_every": self.rotate_every, "exact_bridges": self.exact_bridges,
+                **({"global_via_bridges": True} if self.global_via_bridges else {})}

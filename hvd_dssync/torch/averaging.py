@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..plan import GLOBAL, LOCAL, carry_fate, ring_allreduce_bytes
+from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, refuse_global_route, ring_allreduce_bytes
 from ..world import Done
 from . import collectives
 
@@ -156,6 +156,11 @@ class Averaging:
         self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
             return self._establish_reference(world, action, step)
+        route = world.plan.global_route(step)
+        if route is not None:
+            # The tables averaged by their rows are agreed by every rank at the first step after the warm-up.
+            refuse_global_route(world.plan.schedule, "PyTorch", sparse=sparse.row_sets is not None)
+            return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:
             return Done(action)
@@ -212,6 +217,53 @@ class Averaging:
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
                     sparse_rows=sum(len(index) for _, index, _ in writes))
+
+    def _average_through_racks(self, world, action, step, route):
+        """A global average through the racks (:class:`hvd_dssync.schedules.GlobalRoute`), waited for: the
+        rack's average; the speakers' average of their racks' (scaled), beside which every other rank issues
+        a tiny op in its group of the bridge step, so that every rank issues as many ops; then each rack's sum
+        of what its speaker holds and zeros. The step's signature rides along the first two, the joins the
+        speaker knows along the third. Every rank ends with the mean of every rank's model (exactly where
+        the racks are of one size: the scale is then 1)."""
+        tensors = [t.data for _, t in self.tensors()]
+        rack = action._replace(kind=GROUP, group=route.rack)
+        across = action._replace(kind=GROUP, group=route.group)
+        rack_set, across_set = self._process_set_of(world, rack), self._process_set_of(world, across)
+        name = f"{self.name}.global"
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        sent_bytes = 2 * ring_allreduce_bytes(len(route.rack), nbytes)
+        started = time.perf_counter()
+        signature = self.guard.signature(world, tensors, step)
+        with self.guard.bounded(world, action, step):
+            collectives.grouped_allreduce_(tensors + [signature], name=f"{name}.rack.{rack_set.process_set_id}",
+                                           op=hvd.Average, process_set=rack_set)
+        self.guard.check(world, signature * len(route.rack), rack, rack_set, step)
+        across_name = f"{name}.across.{across_set.process_set_id}"
+        if route.speaks:
+            signature = self.guard.signature(world, tensors, step)
+            with torch.no_grad():
+                for t in tensors:
+                    t.mul_(route.scale)
+            with self.guard.bounded(world, action, step):
+                collectives.grouped_allreduce_(tensors + [signature], name=across_name, op=hvd.Average,
+                                               process_set=across_set)
+            self.guard.check(world, signature * len(route.group), across, across_set, step)
+            sent_bytes += ring_allreduce_bytes(len(route.group), nbytes)
+            signature = self.guard.signature(world, tensors, step)
+        else:
+            with self.guard.bounded(world, action, step):
+                collectives.allreduce_(torch.zeros(1), name=across_name, op=hvd.Sum, process_set=across_set)
+            with torch.no_grad():
+                for t in tensors:
+                    t.zero_()
+            signature = torch.zeros_like(signature)
+        with self.guard.bounded(world, action, step):
+            collectives.grouped_allreduce_(tensors + [signature], name=f"{name}.back.{rack_set.process_set_id}",
+                                           op=hvd.Sum, process_set=rack_set)
+        self.guard.take_joins(world, signature)
+        self._outer_step()
+        self._remember(world, tensors)
+        return Done(action, time.perf_counter() - started, sent_bytes)
 
     def finish_pending(self, world):
         """Fold in an averaging still in flight (``overlap=True``) as a correction that keeps the local progress

@@ -60,6 +60,11 @@ class StepGuard:
                                      process_set=process_set)
         raise RuntimeError(describe_step_drift({rank: s for rank, s in gathered.tolist()}))
 
+    def take_joins(self, world, sums):
+        """Take in the joins that rode along a sum in which one member sent its :meth:`signature` and the
+        others zeros (the last average of a global average through the racks): what that member knew."""
+        world.joins.merge(sums.double().numpy()[SIGNATURE_LENGTH:])
+
     @contextlib.contextmanager
     def bounded(self, world, action, step):
         """Bound the wait for ``action``'s group (see :mod:`hvd_dssync.watchdog`); name it if it expires."""

@@ -261,6 +261,13 @@ def main():
                 ("group means, topology, overlap", lambda: check_group_means("topology", overlap=True,
                                                                              topology=halves(SIZE),
                                                                              schedule_options=ROTATING)),
+                # Every third step a global average through the racks (rack, speakers, rack): the mean of all.
+                ("group means, topology, global averages through the racks",
+                 lambda: check_group_means("topology", topology=halves(SIZE), global_every=3,
+                                           schedule_options=dict(ROTATING, global_via_bridges=True))),
+                ("group means, racks meeting only in global averages through them",
+                 lambda: check_group_means("topology", topology=halves(SIZE), global_every=4,
+                                           schedule_options={"intra_steps": None, "global_via_bridges": True})),
                 ("synchronize_models", check_synchronize_models),
                 ("drop-in arguments", check_drop_in),
                 ("policies", check_policies),

@@ -71,6 +71,9 @@ CONFIGS = {
     "dssync-every-8-cross-16": {"average_every": 8, "schedule_options": {"intra_steps": 1}},
     "dssync-every-8-plain-bridges": {"average_every": 8, "schedule_options": {"exact_bridges": False}},
     "dssync-every-8-global-32": {"average_every": 8, "global_every": 32},
+    # The racks every 8 steps, every rank every 32 through the racks, no bridge step: the averager's rhythm.
+    "dssync-racks-8-global-32": {"average_every": 8, "global_every": 32,
+                                 "schedule_options": {"intra_steps": None, "global_via_bridges": True}},
     "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
     # Averages behind the local steps, folded in once done (the default's choice where its trial keeps it).
     "dssync-every-4-overlap": {"average_every": 4, "overlap": True},
