@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "runs_trial", "replicates", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
+__all__ = ["OverlapTrial", "runs_trial", "replicates", "averages_cycle", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -55,6 +55,23 @@ def replicates(periods, cycle):
         [4, 3, 2, 2, 2]
     """
     return max(-(-int(periods) // cycle), 1 + -(-3 // cycle))
+
+
+def averages_cycle(cycle, average_every, global_every):
+    """The averages after which the kinds of a plan's averages repeat: the schedule's ``cycle`` of group
+    averages, and a global average in place of every ``global_every / average_every``-th average, which
+    leaves the schedule's place where it was. Where ``global_every`` is no multiple of ``average_every`` its
+    averages fall between the periods: the schedule's cycle alone.
+
+    Example::
+
+        >>> averages_cycle(4, 8, 0), averages_cycle(1, 8, 32), averages_cycle(4, 8, 32), averages_cycle(4, 4, 10)
+        (4, 4, 16, 4)
+    """
+    if not global_every or global_every % average_every:
+        return cycle
+    every = global_every // average_every
+    return every * cycle // math.gcd(every - 1, cycle)
 
 
 class OverlapTrial:
@@ -96,8 +113,10 @@ class OverlapTrial:
     @classmethod
     def of(cls, plan):
         """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan`: after its warm-up, one period per
-        average, whole cycles of its schedule."""
-        return cls(plan.policy.warmup_steps, plan.policy.average_every, plan.schedule.cycle)
+        average, whole cycles of its averages' kinds (:func:`averages_cycle`)."""
+        policy = plan.policy
+        return cls(policy.warmup_steps, policy.average_every,
+                   averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every))
 
     @property
     def last(self):

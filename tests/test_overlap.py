@@ -135,3 +135,23 @@ def test_the_adapters_step_end_gathers_once_at_the_trials_last_step():
     assert decisions[:trial.last] == [None] * trial.last and decisions[trial.last] in (True, False)
     assert decisions[trial.last + 1:] == [None, None] and trial.decided is decisions[trial.last]
     assert (trial.figures() > 0).all()  # every period timed (the untimed set-up period holds the first step)
+
+
+@pytest.mark.parametrize("average_every,global_every,options", [
+    (8, 32, {"intra_steps": None, "global_via_bridges": True}), (8, 32, {}), (4, 16, {"intra_steps": 1}),
+    (4, 0, {}), (2, 6, {"intra_steps": 2})])
+def test_the_trials_cycle_holds_each_kind_of_average_at_the_same_places(average_every, global_every, options):
+    """Each way of the trial is timed over whole cycles of the averages' kinds, global averages included, so
+    that each overlapped period is set against a waited one of the same kind."""
+    from hvd_dssync.overlap import averages_cycle
+    from hvd_dssync.plan import SyncPlan
+    plan = SyncPlan(0, 8, schedule="topology", topology=[[0, 1, 2, 3], [4, 5, 6, 7]], average_every=average_every,
+                    global_every=global_every, schedule_options=options)
+    kinds = []
+    for step in range(2000):
+        action = plan.action(step)
+        if action.kind != "local":
+            kinds.append((action.kind, plan.schedule.crosses(action.group) if action.kind == "group" else None))
+    cycle = OverlapTrial.of(plan).cycle
+    assert cycle == averages_cycle(plan.schedule.cycle, average_every, global_every)
+    assert all(kinds[i] == kinds[i + cycle] for i in range(len(kinds) - cycle)), (cycle, kinds[:3 * cycle])
