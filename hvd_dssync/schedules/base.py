@@ -73,8 +73,8 @@ class GlobalRoute(NamedTuple):
     rank's group at the schedule's bridge step) averages what its members send, where only the *speakers*
     (one bridge rank of each rack) send their rack's average, times ``scale`` so that each rack weighs by its
     ranks; ``rack`` then sums what its speaker holds, the mean of every rank's model, and zeros from the
-    others. Each slow link carries one model each way, where a ring over every rank carries ``2 (n - 1) / n``
-    of one each way on each of the links it crosses.
+    others. The speakers' average puts ``2 (k - 1) / k`` of one model each way on the slow links it crosses
+    for ``k`` racks (one model for two), where a ring over all ``n`` ranks puts ``2 (n - 1) / n`` of one.
 
     Example::
 
