@@ -75,8 +75,7 @@ class SyncPlan:
         self.world = tuple(range(world_size))
         self.policy = Policy(warmup_steps=warmup_steps, global_every=global_every, average_every=average_every)
         self.schedule = build_schedule(world_size, schedule, num_groups, group_size, seed, topology, schedule_options)
-        if getattr(self.schedule, "intra_steps", 0) is None and len(self.schedule.racks) > 1 and not global_every \
-                and adaptive is None:
+        if self.schedule.meets_only_in_global_averages and not global_every and adaptive is None:
             raise ValueError("Arg ``schedule_options``: intra_steps=None has no bridge step, so the racks meet only "
                              "in global averages, but ``global_every`` is 0; pass global_every (for example 32, "
                              "with average_every=8 and global_via_bridges=True).")
@@ -217,7 +216,7 @@ def refuse_global_route(schedule, adapter, lossy_compression=False, adaptive=Fal
         ...
         ValueError: Arg ``schedule_options``: global_via_bridges=True cannot be honoured with policy="adaptive"; ...
     """
-    if not getattr(schedule, "global_via_bridges", False):
+    if not schedule.global_via_bridges:
         return
     beside = [what for what, given in (("a lossy compression", lossy_compression), ('policy="adaptive"', adaptive),
                                       ("sparse_average", sparse)) if given]

@@ -120,6 +120,7 @@ class Schedule(abc.ABC):
 
     world_size: int
     window_steps = None
+    global_via_bridges = False  # whether global averages go through the racks (:meth:`global_route`)
 
     @abc.abstractmethod
     def partitions(self, window):
@@ -179,6 +180,12 @@ class Schedule(abc.ABC):
         (:class:`GlobalRoute`), else ``None``: one average over every rank, what every schedule but the
         topology-aware one with ``global_via_bridges`` does."""
         return None
+
+    @property
+    def meets_only_in_global_averages(self):
+        """Whether some ranks never share a group, so that only global averages (``global_every``) bring them
+        together: the topology-aware schedule with no bridge step (``intra_steps=None``) on several racks."""
+        return False
 
     @property
     def cycle(self):

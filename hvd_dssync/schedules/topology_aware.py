@@ -174,6 +174,10 @@ class TopologyAware(Schedule):
         return 1 if self.intra_steps is None else self.intra_steps + 1
 
     @property
+    def meets_only_in_global_averages(self):
+        return self.intra_steps is None and len(self.racks) > 1
+
+    @property
     def has_bridges(self):
         return self.exact_bridges and self.intra_steps is not None and len(self.racks) > 1
 
