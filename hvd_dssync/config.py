@@ -21,11 +21,15 @@ from .resolution import (_check_schedule, _is_auto, arguments_for_world, build_s
 from .sensing import AUTO, Sensed, names_schedule
 from .topology import Topology
 
-__all__ = ["SyncConfig", "config_of", "HorovodArgumentWarning", "warn_num_groups", "default_average_every", "RACK_AVERAGE_EVERY", "FLAT_AVERAGE_EVERY"]
+__all__ = ["SyncConfig", "config_of", "HorovodArgumentWarning", "warn_num_groups", "default_average_every",
+           "default_rack_rhythm", "RACK_AVERAGE_EVERY", "RACK_GLOBAL_EVERY", "FLAT_AVERAGE_EVERY"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
-# given): a group average every this many steps, local steps between (docs/tuning.md has the measurements).
-RACK_AVERAGE_EVERY = 4
+# given): a rack's average every this many steps, local steps between (docs/tuning.md has the measurements).
+RACK_AVERAGE_EVERY = 8
+# ``global_every`` there: every rank averages together every this many steps, and the racks meet only then
+# (no bridge steps, ``intra_steps=None``); docs/tuning.md has the measurements.
+RACK_GLOBAL_EVERY = 32
 # ``average_every`` where the optimizer sensed several hosts on one flat network and averages over every rank
 # (post-local SGD): docs/tuning.md has the measurements.
 FLAT_AVERAGE_EVERY = 8
@@ -41,7 +45,7 @@ def default_average_every(average_every, schedule_given, schedule, policy=None, 
     Example::
 
         >>> default_average_every(None, None, "topology"), default_average_every(None, "topology", "topology")
-        (4, 1)
+        (8, 1)
         >>> default_average_every(None, None, "shuffle"), default_average_every(2, None, "topology")
         (1, 2)
         >>> default_average_every(None, None, "shuffle", flat_hosts=True)
@@ -55,6 +59,34 @@ def default_average_every(average_every, schedule_given, schedule, policy=None, 
     if schedule == "topology":
         return RACK_AVERAGE_EVERY
     return FLAT_AVERAGE_EVERY if flat_hosts else 1
+
+
+def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule, policy=None):
+    """``global_every`` and ``schedule_options`` as given, or their defaults under the fixed policy where the
+    schedule was not named and resolved to the topology-aware one (the one-line swap on racks): ``global_every``
+    None becomes :data:`RACK_GLOBAL_EVERY`, and, where there are then global averages and ``schedule_options``
+    does not name ``intra_steps``, the racks meet only in them (``intra_steps=None``: no bridge steps; the
+    global average is exact, the bridges' average of two racks' means is not). Elsewhere None is 0 and the
+    options stay as given. A pure function: every rank decides alike.
+
+    Example::
+
+        >>> default_rack_rhythm(None, None, None, "topology")
+        (32, {'intra_steps': None})
+        >>> default_rack_rhythm(0, None, None, "topology")  # no global averages: the bridges' steps stay
+        (0, None)
+        >>> default_rack_rhythm(None, {"intra_steps": 3}, None, "topology")
+        (32, {'intra_steps': 3})
+        >>> default_rack_rhythm(None, None, "topology", "topology"), default_rack_rhythm(None, None, None, "shuffle")
+        ((0, None), (0, None))
+    """
+    fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
+    if schedule_given is not None or not fixed or schedule != "topology":
+        return (0 if global_every is None else global_every), schedule_options
+    every = RACK_GLOBAL_EVERY if global_every is None else global_every
+    if every and "intra_steps" not in (schedule_options or {}):
+        schedule_options = {**(schedule_options or {}), "intra_steps": None}
+    return every, schedule_options
 
 
 def _flag(name, value):
@@ -193,7 +225,7 @@ class SyncConfig:
     schedule: object = None
     topology: object = AUTO
     warmup_steps: int = 0
-    global_every: int = 0
+    global_every: object = None
     average_every: object = None
     schedule_options: object = None
     policy: object = None
@@ -204,8 +236,8 @@ class SyncConfig:
 
     def __post_init__(self):
         # In the order the plan checks them: the policies, the schedule's resolution, the schedule.
-        AdaptivePolicy.resolve(self.policy, self._every, self.global_every)
-        Policy(warmup_steps=self.warmup_steps, global_every=self.global_every, average_every=self._every)
+        AdaptivePolicy.resolve(self.policy, self._every, self._global)
+        Policy(warmup_steps=self.warmup_steps, global_every=self._global, average_every=self._every)
         racks = None if _is_auto(self.topology) else self.topology
         resolved = resolve_schedule(self.schedule, self.num_groups, self.group_size, racks)[0]
         _check_schedule(self.schedule, resolved, self.num_groups, self.group_size, self.seed)
@@ -253,7 +285,10 @@ class SyncConfig:
         if topology is not None or schedule == "topology":
             topology = job_topology(topology)
         every = default_average_every(self.average_every, self.schedule, schedule, self.policy, flat_hosts)
-        return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups), sensed
+        global_every, options = default_rack_rhythm(self.global_every, self.schedule_options, self.schedule,
+                                                    schedule, self.policy)
+        return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups,
+                       global_every=global_every, schedule_options=options), sensed
 
     @property
     def _racks(self):
@@ -265,14 +300,20 @@ class SyncConfig:
         """``average_every``, with None (the default, until :meth:`resolve` chooses it) as every step."""
         return 1 if self.average_every is None else self.average_every
 
+    @property
+    def _global(self):
+        """``global_every``, with None (the default, until :meth:`resolve` chooses it) as never."""
+        return 0 if self.global_every is None else self.global_every
+
     def adaptive(self):
         """The :class:`hvd_dssync.adaptive.AdaptivePolicy` asked for, or ``None`` (the fixed policy)."""
-        return AdaptivePolicy.resolve(self.policy, self._every, self.global_every)
+        return AdaptivePolicy.resolve(self.policy, self._every, self._global)
 
     def plan_arguments(self):
         """The keyword arguments of :class:`hvd_dssync.plan.SyncPlan` (but ``rank`` and ``world_size``)."""
         arguments = {key: getattr(self, key) for key in _PLAN_KEYS}
         arguments["average_every"], arguments["topology"] = self._every, self._racks
+        arguments["global_every"] = self._global
         adaptive = self.adaptive()
         if adaptive is not None:
             arguments["adaptive"] = adaptive.config()
@@ -289,6 +330,7 @@ class SyncConfig:
         """
         data = self.to_dict()
         out = {key: data[key] for key in _PLAN_KEYS}
+        out["global_every"] = self._global
         if _is_auto(self.topology):
             out["topology"] = None
         adaptive = self.adaptive()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvd_dssync.adaptive import AdaptivePolicy
-from hvd_dssync.config import FLAT_AVERAGE_EVERY, RACK_AVERAGE_EVERY, SyncConfig, build_schedule, config_of
+from hvd_dssync.config import FLAT_AVERAGE_EVERY, RACK_AVERAGE_EVERY, RACK_GLOBAL_EVERY, SyncConfig, build_schedule, config_of
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.schedules import Butterfly
 from hvd_dssync.topology import ENV_VAR, Topology
@@ -15,14 +15,14 @@ def test_defaults_are_the_adapters():
     config = SyncConfig()
     assert (config.num_groups, config.group_size, config.seed, config.schedule, config.topology) == \
         (None, None, 0, None, "auto")
-    assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, 0, None, None)
+    assert (config.warmup_steps, config.global_every, config.average_every, config.policy) == (0, None, None, None)
     assert (config.outer_momentum, config.overlap, config.average_buffers, config.sparse_average) == \
         (0.0, None, True, True)
 
 
 # What each adapter's DistributedOptimizer passes to config_of when the user gives no DS-Sync argument.
 TORCH_DEFAULTS = dict(num_groups=None, group_size=None, seed=0, schedule=None, topology="auto", warmup_steps=0,
-                      global_every=0, average_every=None, schedule_options=None, policy=None, outer_momentum=0.0,
+                      global_every=None, average_every=None, schedule_options=None, policy=None, outer_momentum=0.0,
                       overlap=None, average_buffers=True, sparse_average=True)
 KERAS_DEFAULTS = {k: v for k, v in TORCH_DEFAULTS.items() if k != "outer_momentum"}
 
@@ -73,6 +73,30 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
     assert every(sensed, topology="auto", average_every=3) == (3, 3)  # given: kept
     assert every(sensed, topology="auto", policy="adaptive")[0] == 1  # the adaptive policy sets its periods
     assert SyncConfig().plan_arguments()["average_every"] == 1  # unresolved: every step
+
+
+def test_the_default_racks_meet_in_global_averages_only_where_nothing_names_the_rhythm(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    racks = [[0, 1], [2, 3]]
+    sensed = lambda s, n, g, topology, o, w: (racks if topology == "auto" else topology, None)  # noqa: E731
+    nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
+    job = lambda topology: Topology.from_racks(racks)  # noqa: E731
+
+    def rhythm(sense, **arguments):
+        config, _ = SyncConfig(**arguments).resolve(sense, job)
+        schedule = config.schedule_for(4)
+        return (config.plan_arguments()["global_every"], getattr(schedule, "intra_steps", "no racks"),
+                config.plan_data()["global_every"])
+
+    assert rhythm(sensed) == (RACK_GLOBAL_EVERY, None, RACK_GLOBAL_EVERY)  # the one-line swap on sensed racks
+    assert rhythm(nothing, topology=racks)[:2] == (RACK_GLOBAL_EVERY, None)  # racks given, schedule not named
+    assert rhythm(sensed, global_every=16)[:2] == (16, None)  # given: kept, the racks meet there
+    assert rhythm(sensed, global_every=0)[:2] == (0, 3)  # none: the bridges' steps are the racks' meeting
+    assert rhythm(sensed, schedule_options={"intra_steps": 1})[:2] == (RACK_GLOBAL_EVERY, 1)  # named: kept
+    assert rhythm(nothing, schedule="topology", topology=racks)[:2] == (0, 3)  # the schedule named
+    assert rhythm(nothing) == (0, "no racks", 0)  # one rack: random groups, no global averages
+    assert rhythm(sensed, policy="adaptive")[:2] == (0, 3)  # the adaptive policy chooses its global averages
+    assert SyncConfig().plan_arguments()["global_every"] == 0  # unresolved: never
 
 
 def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank_with_local_steps(monkeypatch):

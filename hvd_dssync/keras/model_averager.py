@@ -37,7 +37,7 @@ class ModelAverager(tf.Module):
     """
 
     def __init__(self, *, num_groups=None, group_size=None, seed=0, schedule=None, topology=None,
-                 warmup_steps=0, global_every=0, average_every=None, schedule_options=None,
+                 warmup_steps=0, global_every=None, average_every=None, schedule_options=None,
                  compression=hvd.Compression.none,
                  name="DSSyncAverager"):
         super().__init__(name=name)

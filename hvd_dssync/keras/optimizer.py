@@ -246,7 +246,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          op=hvd.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=hvd.global_process_set, scale_local_gradients=True,
                          *, group_size=None, seed=0, schedule=None, topology="auto",
-                         warmup_steps=0, global_every=0, average_every=None, model=None, average_non_trainable=True,
+                         warmup_steps=0, global_every=None, average_every=None, model=None, average_non_trainable=True,
                          schedule_options=None, policy=None, sparse_average=True, overlap=None, sync=None):
     """Wrap a Keras optimizer so that ranks average their models in shuffled groups (DS-Sync).
 
@@ -287,9 +287,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             them once per job where no other DS-Sync argument names the schedule (:mod:`hvd_dssync.sensing`),
             and keeps them (PyTorch's may sense again: :mod:`hvd_dssync.resense`).
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
-        global_every: average over all ranks every this many steps (0: never).
+        global_every: average over all ranks every this many steps (0: never). Default (None): 32 where the
+            optimizer picks the topology-aware schedule itself, and there the racks meet only in these
+            averages (``intra_steps=None`` unless ``schedule_options`` names it), else 0
+            (``hvd_dssync.config.default_rack_rhythm``).
         average_every: average every this many steps; the steps between are local (local SGD). Default
-            (None): 4 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
+            (None): 8 where the optimizer picks the topology-aware schedule itself (racks sensed or given, no
             ``schedule``), 8 where it sensed hosts on one flat network (one group of every rank), else 1
             (``hvd_dssync.config.default_average_every``).
         model: the Keras model; its float non-trainable variables (BatchNorm statistics) are averaged too.

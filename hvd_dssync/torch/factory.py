@@ -26,7 +26,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                          backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, process_set=hvd.global_process_set, *,
                          group_size=None, seed=0, schedule=None, topology="auto",
-                         warmup_steps=0, global_every=0, average_every=None, model=None, average_buffers=True,
+                         warmup_steps=0, global_every=None, average_every=None, model=None, average_buffers=True,
                          overlap=None, schedule_options=None, outer_momentum=0.0, policy=None,
                          sparse_average=True, sync=None):
     """Wrap ``optimizer`` so that ranks average their models in shuffled groups (DS-Sync).
@@ -72,11 +72,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             follows (:mod:`hvd_dssync.resense`).
             ``opt.sensed`` says how, what and in how many seconds.
         warmup_steps: bulk-synchronous steps first (gradient allreduce over all ranks).
-        global_every: average over all ranks every this many steps (0: never).
+        global_every: average over all ranks every this many steps (0: never). Default (None): 32 where the
+            optimizer picks the topology-aware schedule itself, and there the racks meet only in these
+            averages (``intra_steps=None`` unless ``schedule_options`` names it), else 0
+            (``hvd_dssync.config.default_rack_rhythm``).
         average_every: average every this many steps; the steps between are local, without communication
             (local SGD; with ``num_groups=1`` this is PyTorch's post-local SGD with period
             ``average_every``). ``global_every`` counts steps too, and the schedule advances once per
-            group average. Default (None): 4 where the optimizer picks the topology-aware schedule itself
+            group average. Default (None): 8 where the optimizer picks the topology-aware schedule itself
             (racks sensed or given, no ``schedule``), 8 where it sensed hosts on one flat network (one group
             of every rank), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.

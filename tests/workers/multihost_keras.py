@@ -12,11 +12,12 @@ import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow
 import numpy as np
 import tensorflow as tf
 from common import averaged, check, crosses_hosts, step_groups
+from hvd_dssync.config import RACK_GLOBAL_EVERY
 
 hvd.init()
 RANK, SIZE = common.identify(hvd)
 SLOTS = int(sys.argv[1])
-STEPS = 16  # the default takes local steps on racks (2 per average) and crosses them at the 4th average
+STEPS = RACK_GLOBAL_EVERY + 4  # the default averages in the racks on racks, across them in its global average
 
 layout, hosts = common.check_host_layout(hvd, hvd_tf.allgather_object, SLOTS)
 

@@ -12,6 +12,7 @@ import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
 from common import averaged, check, check_alike, crosses_hosts, step_groups
+from hvd_dssync.config import RACK_GLOBAL_EVERY
 from torch_semantics import rank_valued  # (this folder)
 
 hvd.init()
@@ -25,7 +26,8 @@ layout, hosts = common.check_host_layout(hvd, hvd.allgather_object, SLOTS)
 model = rank_valued(torch.nn.Linear(3, 2), RANK)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters())
 sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS, RACKS)
-plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], 16, []
+# The default averages inside the racks on racks, and across them in its global average.
+plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], RACK_GLOBAL_EVERY + 4, []
 for t in range(steps):
     model.zero_grad()
     model(torch.randn(4, 3)).sum().backward()
