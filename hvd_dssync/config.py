@@ -61,22 +61,26 @@ def default_average_every(average_every, schedule_given, schedule, policy=None, 
     return FLAT_AVERAGE_EVERY if flat_hosts else 1
 
 
-def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule, policy=None):
+def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule, policy=None, routes=True):
     """``global_every`` and ``schedule_options`` as given, or their defaults under the fixed policy where the
     schedule was not named and resolved to the topology-aware one (the one-line swap on racks): ``global_every``
-    None becomes :data:`RACK_GLOBAL_EVERY`, and, where there are then global averages and ``schedule_options``
-    does not name ``intra_steps``, the racks meet only in them (``intra_steps=None``: no bridge steps; the
-    global average is exact, the bridges' average of two racks' means is not). Elsewhere None is 0 and the
-    options stay as given. A pure function: every rank decides alike.
+    None becomes :data:`RACK_GLOBAL_EVERY`, and, where there are then global averages, the options not named
+    become: the racks meet only in them (``intra_steps=None``: no bridge steps; the global average is exact,
+    the bridges' average of two racks' means is not), and, where the adapter ``routes`` (PyTorch's), they go
+    through the racks where nothing stands in the way (``global_via_bridges="auto"``: one model over the slow
+    link each way, on groups that need no negotiation; :func:`hvd_dssync.plan.routes_global_averages`).
+    Elsewhere None is 0 and the options stay as given. A pure function: every rank decides alike.
 
     Example::
 
         >>> default_rack_rhythm(None, None, None, "topology")
+        (32, {'intra_steps': None, 'global_via_bridges': 'auto'})
+        >>> default_rack_rhythm(None, None, None, "topology", routes=False)  # the Keras adapter
         (32, {'intra_steps': None})
         >>> default_rack_rhythm(0, None, None, "topology")  # no global averages: the bridges' steps stay
         (0, None)
-        >>> default_rack_rhythm(None, {"intra_steps": 3}, None, "topology")
-        (32, {'intra_steps': 3})
+        >>> default_rack_rhythm(None, {"intra_steps": 3, "global_via_bridges": False}, None, "topology")
+        (32, {'intra_steps': 3, 'global_via_bridges': False})
         >>> default_rack_rhythm(None, None, "topology", "topology"), default_rack_rhythm(None, None, None, "shuffle")
         ((0, None), (0, None))
     """
@@ -84,8 +88,9 @@ def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule
     if schedule_given is not None or not fixed or schedule != "topology":
         return (0 if global_every is None else global_every), schedule_options
     every = RACK_GLOBAL_EVERY if global_every is None else global_every
-    if every and "intra_steps" not in (schedule_options or {}):
-        schedule_options = {**(schedule_options or {}), "intra_steps": None}
+    if every:
+        defaults = {"intra_steps": None, **({"global_via_bridges": "auto"} if routes else {})}
+        schedule_options = {**defaults, **(schedule_options or {})}
     return every, schedule_options
 
 
@@ -253,7 +258,7 @@ class SyncConfig:
         for name in ("average_buffers", "sparse_average"):
             _flag(name, getattr(self, name))
 
-    def resolve(self, sense, job_topology, in_process_set=False):
+    def resolve(self, sense, job_topology, in_process_set=False, routes=True):
         """This configuration as an optimizer keeps it, with what was sensed: ``(config, Sensed or None)``.
 
         ``sense(schedule, num_groups, group_size, topology, schedule_options, whole_job)`` is the adapter's
@@ -267,6 +272,8 @@ class SyncConfig:
         racks, where there are any, become the job's :class:`hvd_dssync.topology.Topology` through
         ``job_topology(spec)`` (the adapter's allgather of host names). Inside a process set
         (``in_process_set``) the topology-aware schedule is refused (:func:`refuse_topology_in_process_set`).
+        ``global_every`` None and the options of the default on racks: :func:`default_rack_rhythm` (``routes``:
+        whether the adapter can send global averages through the racks; the Keras adapter cannot).
         Call it on every rank at the same point: sensing and ``job_topology`` are collectives.
 
         Example::
@@ -286,7 +293,7 @@ class SyncConfig:
             topology = job_topology(topology)
         every = default_average_every(self.average_every, self.schedule, schedule, self.policy, flat_hosts)
         global_every, options = default_rack_rhythm(self.global_every, self.schedule_options, self.schedule,
-                                                    schedule, self.policy)
+                                                    schedule, self.policy, routes)
         return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups,
                        global_every=global_every, schedule_options=options), sensed
 

@@ -19,7 +19,7 @@ from .scope import scope_of
 
 __all__ = ["SyncPlan", "Action", "ring_allreduce_bytes", "default_group_size", "resolve_schedule",
            "agreement_fields", "agreement_payload", "check_agreement", "check_horovod_arguments", "arguments_for_world",
-           "refuse_global_route"]
+           "routes_global_averages"]
 
 
 class Action(NamedTuple):
@@ -198,34 +198,43 @@ class SyncPlan:
         return config
 
 
-def refuse_global_route(schedule, adapter, lossy_compression=False, adaptive=False, sparse=False):
-    """Raise a ``ValueError`` where a schedule's global averages go through the racks
-    (``global_via_bridges``) and the optimizer cannot honour it: in the Keras adapter, or beside a lossy
-    compression (whose reference moves with one average over every rank), the adaptive policy (which times
-    its global averages as one) or sparse averaging (whose row sets are gathered over every rank). A pure
-    function of its arguments: every rank raises alike. No communication.
+def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=False, sparse=False):
+    """Whether a schedule's global averages go through the racks (``global_via_bridges``) in this optimizer.
+
+    Not where the schedule does not ask for it. Where it asks and the optimizer cannot honour it (the Keras
+    adapter; a lossy compression, whose reference moves with one average over every rank; the adaptive
+    policy, which times its global averages as one; sparse averaging, whose row sets are gathered over every
+    rank): ``global_via_bridges=True`` raises a ``ValueError`` naming what stands in the way, ``"auto"`` (the
+    default on racks in the PyTorch adapter) averages over every rank at once. A pure function of its
+    arguments: every rank decides or raises alike. No communication.
 
     Example::
 
         >>> from hvd_dssync.schedules import TopologyAware
         >>> from hvd_dssync.topology import Topology
-        >>> t = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), global_via_bridges=True)
-        >>> refuse_global_route(t, "PyTorch")
-        >>> refuse_global_route(t, "PyTorch", adaptive=True)
+        >>> racks = Topology.from_racks([[0, 1], [2, 3]])
+        >>> t = TopologyAware(racks, global_via_bridges=True)
+        >>> routes_global_averages(t, "PyTorch"), routes_global_averages(TopologyAware(racks), "PyTorch")
+        (True, False)
+        >>> routes_global_averages(TopologyAware(racks, global_via_bridges="auto"), "PyTorch", sparse=True)
+        False
+        >>> routes_global_averages(t, "PyTorch", adaptive=True)
         Traceback (most recent call last):
         ...
         ValueError: Arg ``schedule_options``: global_via_bridges=True cannot be honoured with policy="adaptive"; ...
     """
-    if not schedule.global_via_bridges:
-        return
+    asked = schedule.global_via_bridges
+    if not asked:
+        return False
     beside = [what for what, given in (("a lossy compression", lossy_compression), ('policy="adaptive"', adaptive),
                                       ("sparse_average", sparse)) if given]
     if adapter != "PyTorch":
         beside.insert(0, f"the {adapter} adapter (PyTorch's only)")
-    if beside:
+    if beside and asked is True:
         raise ValueError(f"Arg ``schedule_options``: global_via_bridges=True cannot be honoured with "
                          f"{' or '.join(beside)}; its global averages go through the racks in three averages, "
-                         "waited for. Leave it out to average over every rank at once.")
+                         'waited for. Leave it out (or pass "auto") to average over every rank at once there.')
+    return not beside
 
 
 def carry_fate(kind):

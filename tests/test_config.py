@@ -82,21 +82,24 @@ def test_the_default_racks_meet_in_global_averages_only_where_nothing_names_the_
     nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
     job = lambda topology: Topology.from_racks(racks)  # noqa: E731
 
-    def rhythm(sense, **arguments):
-        config, _ = SyncConfig(**arguments).resolve(sense, job)
+    def rhythm(sense, routes=True, **arguments):
+        config, _ = SyncConfig(**arguments).resolve(sense, job, routes=routes)
         schedule = config.schedule_for(4)
         return (config.plan_arguments()["global_every"], getattr(schedule, "intra_steps", "no racks"),
-                config.plan_data()["global_every"])
+                getattr(schedule, "global_via_bridges", "no racks"))
 
-    assert rhythm(sensed) == (RACK_GLOBAL_EVERY, None, RACK_GLOBAL_EVERY)  # the one-line swap on sensed racks
+    # The one-line swap on sensed racks: through the racks where nothing stands in the way (PyTorch's).
+    assert rhythm(sensed) == (RACK_GLOBAL_EVERY, None, "auto")
+    assert rhythm(sensed, routes=False) == (RACK_GLOBAL_EVERY, None, False)  # the Keras adapter: every rank at once
+    assert rhythm(sensed, schedule_options={"global_via_bridges": False})[2] is False  # named: kept
     assert rhythm(nothing, topology=racks)[:2] == (RACK_GLOBAL_EVERY, None)  # racks given, schedule not named
     assert rhythm(sensed, global_every=16)[:2] == (16, None)  # given: kept, the racks meet there
     assert rhythm(sensed, global_every=0)[:2] == (0, 3)  # none: the bridges' steps are the racks' meeting
     assert rhythm(sensed, schedule_options={"intra_steps": 1})[:2] == (RACK_GLOBAL_EVERY, 1)  # named: kept
     assert rhythm(nothing, schedule="topology", topology=racks)[:2] == (0, 3)  # the schedule named
-    assert rhythm(nothing) == (0, "no racks", 0)  # one rack: random groups, no global averages
+    assert rhythm(nothing) == (0, "no racks", False)  # one rack: random groups, no global averages
     assert rhythm(sensed, policy="adaptive")[:2] == (0, 3)  # the adaptive policy chooses its global averages
-    assert SyncConfig().plan_arguments()["global_every"] == 0  # unresolved: never
+    assert SyncConfig().plan_arguments()["global_every"] == SyncConfig().plan_data()["global_every"] == 0  # never
 
 
 def test_the_plain_swap_on_a_flat_network_of_hosts_averages_over_every_rank_with_local_steps(monkeypatch):

@@ -87,15 +87,18 @@ def test_check_agreement_names_the_argument_and_the_ranks():
 
 
 def test_global_averages_through_the_racks_are_refused_where_they_cannot_be_honoured():
-    from hvd_dssync.plan import refuse_global_route
+    from hvd_dssync.plan import routes_global_averages
     from hvd_dssync.schedules import TopologyAware
     from hvd_dssync.topology import Topology
-    routed = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), global_via_bridges=True)
-    refuse_global_route(routed, "PyTorch")
-    refuse_global_route(TopologyAware(Topology.from_racks([[0, 1], [2, 3]])), "Keras", lossy_compression=True,
-                        adaptive=True, sparse=True)  # not asked for: nothing to refuse
+    racks = Topology.from_racks([[0, 1], [2, 3]])
+    routed, auto = TopologyAware(racks, global_via_bridges=True), TopologyAware(racks, global_via_bridges="auto")
+    assert routes_global_averages(routed, "PyTorch") and routes_global_averages(auto, "PyTorch")
+    assert not routes_global_averages(TopologyAware(racks), "Keras", lossy_compression=True, adaptive=True,
+                                      sparse=True)  # not asked for: nothing to refuse
     for adapter, beside, words in (("Keras", {}, "the Keras adapter"),
                                    ("PyTorch", {"lossy_compression": True}, "a lossy compression"),
+                                   ("PyTorch", {"adaptive": True}, 'policy="adaptive"'),
                                    ("PyTorch", {"sparse": True}, "sparse_average")):
         with pytest.raises(ValueError, match=f"global_via_bridges=True cannot be honoured with {words}"):
-            refuse_global_route(routed, adapter, **beside)
+            routes_global_averages(routed, adapter, **beside)
+        assert not routes_global_averages(auto, adapter, **beside)  # "auto": over every rank at once there

@@ -227,8 +227,11 @@ def test_global_averages_go_through_the_racks_only_where_asked_and_where_there_a
     assert "global_via_bridges" not in TopologyAware(topology_from_sizes([2, 2])).config()  # old checkpoints
     x = np.array([[0.0], [1.0], [2.0], [7.0]])
     assert np.array_equal(_through_the_racks(routed, 0, x), np.full((4, 1), 2.5))  # exact, racks of one size
-    with pytest.raises(TypeError, match="global_via_bridges"):
-        TopologyAware(topology_from_sizes([2, 2]), global_via_bridges=1)
+    auto = TopologyAware(topology_from_sizes([2, 2]), global_via_bridges="auto")
+    assert auto.config()["global_via_bridges"] == "auto" and auto.global_route(0, 0) == routed.global_route(0, 0)
+    for wrong in (1, "yes"):
+        with pytest.raises(TypeError, match="global_via_bridges"):
+            TopologyAware(topology_from_sizes([2, 2]), global_via_bridges=wrong)
 
 
 def test_topology_aware_fixed_bridges_need_steps_inside_the_racks():

@@ -1,7 +1,7 @@
 """The :class:`SyncPlan` a traced Keras step can follow: one endless window of groups."""
 import horovod.tensorflow as hvd
 
-from ..plan import SyncPlan, refuse_global_route
+from ..plan import SyncPlan, routes_global_averages
 
 __all__ = ["make_plan"]
 
@@ -22,7 +22,7 @@ def make_plan(config, scope=None):
     """
     rank, size = (hvd.rank(), hvd.size()) if scope is None else (scope.rank, scope.world_size)
     plan = SyncPlan.from_config(rank, size, config)
-    refuse_global_route(plan.schedule, "Keras")
+    routes_global_averages(plan.schedule, "Keras")  # never: True is refused, "auto" averages over every rank
     if plan.schedule.window_steps is not None:
         raise ValueError(
             f"hvd_dssync.keras: schedule {plan.schedule!r} changes its groups every "

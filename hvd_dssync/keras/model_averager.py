@@ -44,7 +44,7 @@ class ModelAverager(tf.Module):
         config = SyncConfig(num_groups=num_groups, group_size=group_size, seed=seed, schedule=schedule,
                             topology=topology, warmup_steps=warmup_steps, global_every=global_every,
                             average_every=average_every, schedule_options=schedule_options)
-        config, _ = config.resolve(default_topology, job_topology)
+        config, _ = config.resolve(default_topology, job_topology, routes=False)
         self._sync = StepSync(make_plan(config), compression=compression, name=name, config=config)
         self._options = {"compression": type(compression).__name__}
         if not elastic_job():  # under elastic Horovod, at the first trace instead (see the module's docstring)

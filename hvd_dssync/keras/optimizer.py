@@ -364,7 +364,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
-    config, sensed = config.resolve(default_topology, job_topology, in_process_set)
+    config, sensed = config.resolve(default_topology, job_topology, in_process_set, routes=False)
     op_name = name or f"DSSync{type(optimizer).__name__}"
     if scope.outside:
         # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first

@@ -69,7 +69,7 @@ class StepSync:
 
     Example::
 
-        config, _ = SyncConfig(num_groups=2, seed=0).resolve(default_topology, job_topology)
+        config, _ = SyncConfig(num_groups=2, seed=0).resolve(default_topology, job_topology, routes=False)
         sync = StepSync(make_plan(config), name="DSSyncSGD", config=config)
         sync.connect("my step")                          # every rank, in the same order
         grads = sync.gradients(grads, step)              # inside the traced step

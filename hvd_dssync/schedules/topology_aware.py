@@ -34,7 +34,9 @@ class TopologyAware(Schedule):
             the bridge group plainly (False).
         global_via_bridges: a global average (``global_every``) goes through the racks and one bridge rank
             of each (:class:`hvd_dssync.schedules.GlobalRoute`: one model over each slow link each way);
-            False (the default) averages over every rank at once. The PyTorch adapter's only.
+            False (the default) averages over every rank at once. The PyTorch adapter's only: True is
+            refused where it cannot be honoured, ``"auto"`` (the default on racks in the PyTorch adapter)
+            averages over every rank at once there (:func:`hvd_dssync.plan.routes_global_averages`).
 
     Example::
 
@@ -46,9 +48,10 @@ class TopologyAware(Schedule):
 
     def __init__(self, topology, intra_steps=3, max_cross_groups=1, rotate_every=None, exact_bridges=True,
                  global_via_bridges=False):
-        for name, value in (("exact_bridges", exact_bridges), ("global_via_bridges", global_via_bridges)):
-            if not isinstance(value, bool):
-                raise TypeError(f"Arg ``{name}`` must be True or False, got {value!r}.")
+        if not isinstance(exact_bridges, bool):
+            raise TypeError(f"Arg ``exact_bridges`` must be True or False, got {exact_bridges!r}.")
+        if not (isinstance(global_via_bridges, bool) or global_via_bridges == "auto"):
+            raise TypeError(f"Arg ``global_via_bridges`` must be True, False or \"auto\", got {global_via_bridges!r}.")
         self.exact_bridges = exact_bridges
         self.global_via_bridges = global_via_bridges
         self.topology = topology
@@ -200,4 +203,4 @@ class TopologyAware(Schedule):
         return {"name": "topology", "world_size": self.world_size, "racks": [list(r) for r in self.racks],
                 "intra_steps": self.intra_steps, "max_cross_groups": self.max_cross_groups,
                 "rotate_every": self.rotate_every, "exact_bridges": self.exact_bridges,
-                **({"global_via_bridges": True} if self.global_via_bridges else {})}
+                **({"global_via_bridges": self.global_via_bridges} if self.global_via_bridges else {})}

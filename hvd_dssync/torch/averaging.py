@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, refuse_global_route, ring_allreduce_bytes
+from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
 
@@ -157,9 +157,10 @@ class Averaging:
         if self.compression is not hvd.Compression.none and self._reference is None:
             return self._establish_reference(world, action, step)
         route = world.plan.global_route(step)
-        if route is not None:
-            # The tables averaged by their rows are agreed by every rank at the first step after the warm-up.
-            refuse_global_route(world.plan.schedule, "PyTorch", sparse=sparse.row_sets is not None)
+        # The tables averaged by their rows are agreed by every rank at the first step after the warm-up.
+        if route is not None and routes_global_averages(
+                world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
+                adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None):
             return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:

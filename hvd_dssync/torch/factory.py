@@ -11,7 +11,7 @@ import torch
 from .. import build
 from ..config import config_of, warn_num_groups
 from ..guards import check_nccl_process_sets
-from ..plan import SyncPlan, check_horovod_arguments, refuse_global_route
+from ..plan import SyncPlan, check_horovod_arguments, routes_global_averages
 from ..resense import watches
 from ..scope import acquire_registered
 from .arguments import HOROVOD_WRAPPER_MODULE, check_named_parameters
@@ -143,8 +143,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     config, sensed = config.resolve(_default_topology, job_topology, in_process_set)
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
     plan = SyncPlan.from_config(0 if scope.outside else scope.rank, scope.world_size, config)
-    refuse_global_route(plan.schedule, "PyTorch", lossy_compression=compression is not hvd.Compression.none,
-                        adaptive=plan.adaptive is not None)
+    routes_global_averages(plan.schedule, "PyTorch", lossy_compression=compression is not hvd.Compression.none,
+                           adaptive=plan.adaptive is not None)
     if in_process_set and plan.schedule.window_steps is not None:
         raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
                          f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "

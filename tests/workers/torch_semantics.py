@@ -72,6 +72,16 @@ def check_group_means(schedule_name, overlap=False, **kwargs):
     return model, opt
 
 
+def check_default_on_racks():
+    """The default schedule on racks given (none named), every 2 steps and every rank every 4: the racks meet
+    only in the global averages, sent through them (``global_via_bridges="auto"``, nothing in the way)."""
+    _, opt = check_group_means(None, topology=halves(SIZE), average_every=2, global_every=4)
+    schedule = opt.schedule
+    kind = (type(schedule).__name__, schedule.intra_steps, schedule.global_via_bridges)
+    check(kind == ("TopologyAware", None, "auto"), f"the default on racks is {schedule!r}")
+    check(SIZE == 1 or opt._plan.global_route(3) is not None, "step 3's global average is not through the racks")
+
+
 def check_synchronize_models():
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
     torch.manual_seed(RANK)
@@ -268,6 +278,9 @@ def main():
                 ("group means, racks meeting only in global averages through them",
                  lambda: check_group_means("topology", topology=halves(SIZE), global_every=4,
                                            schedule_options={"intra_steps": None, "global_via_bridges": True})),
+                # The default on racks (no schedule named): the racks meet only in global averages, sent
+                # through them where nothing stands in the way (global_via_bridges="auto").
+                ("group means, the default on racks", check_default_on_racks),
                 ("synchronize_models", check_synchronize_models),
                 ("drop-in arguments", check_drop_in),
                 ("policies", check_policies),

@@ -127,6 +127,24 @@ def main():
         total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum)[0])  # unnamed, as scripts' metrics often are
         check(total == 4.0, f"unnamed allreduce after a {opt.last_sync['kind']} step gave {total}")
     check(schedule.groups(1) == ((0,), (1, 3), (2,)), f"the bridge step has no rank alone: {schedule.groups(1)}")
+
+    # The default on racks sends its global averages through them where nothing stands in the way
+    # (global_via_bridges="auto"); beside sparse averaging it averages over every rank at once instead of
+    # refusing: every rank then holds the same model.
+    model = Model()
+    opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   topology=[[0, 1], [2, 3]], average_every=2, global_every=4,
+                                   schedule_options={"intra_steps": None, "global_via_bridges": "auto"})
+    for ids, target in itertools.islice(batches(hvd.rank()), 4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(ids), target).backward()
+        opt.step()
+    check(opt.last_sync["kind"] == "global" and opt.last_sync.get("sparse_rows", 0) > 0,
+          f"the 4th step is a global average of the rows: {opt.last_sync}")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    rows = hvd.allgather(flat.unsqueeze(0), name="test.auto.weights")
+    check(all(torch.allclose(rows[0], row, atol=1e-6) for row in rows), "the models differ after the global average")
     print(f"rank {RANK}: sparse {sparse_bytes} bytes, dense {dense_bytes} bytes; all checks passed", flush=True)
 
 
