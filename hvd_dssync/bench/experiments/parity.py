@@ -58,32 +58,38 @@ TASKS = {
 
 # name -> DS-Sync's keyword arguments (None: Horovod's own optimizer). "warmup_steps": "epoch" is one
 # epoch's steps, filled in per task.
+# The topology-aware configurations with bridge steps name ``global_every`` (0 or a period) and the bridges'
+# rhythm: the default's racks meet only in global averages (hvd_dssync.config.default_rack_rhythm).
+BRIDGES = {"global_every": 0}
 CONFIGS = {
     "horovod": None,
-    "dssync-every-1": {"average_every": 1},
-    "dssync-every-2": {"average_every": 2},
-    "dssync-every-4": {"average_every": 4},
-    "dssync-every-6": {"average_every": 6},
-    "dssync-every-8": {"average_every": 8},
+    # The default on racks: a rack's average every 8 steps, every rank every 32, no bridge step.
+    "dssync-default": {},
+    "dssync-every-1": {"average_every": 1, **BRIDGES},
+    "dssync-every-2": {"average_every": 2, **BRIDGES},
+    "dssync-every-4": {"average_every": 4, **BRIDGES},
+    "dssync-every-6": {"average_every": 6, **BRIDGES},
+    "dssync-every-8": {"average_every": 8, **BRIDGES},
     # The racks every 4 steps, the slow link every 32 (7 steps inside the racks between bridges).
-    "dssync-every-4-cross-32": {"average_every": 4, "schedule_options": {"intra_steps": 7}},
+    "dssync-every-4-cross-32": {"average_every": 4, **BRIDGES, "schedule_options": {"intra_steps": 7}},
     # The racks every 8 steps, the slow link every 16 (one average inside the racks between bridges).
-    "dssync-every-8-cross-16": {"average_every": 8, "schedule_options": {"intra_steps": 1}},
-    "dssync-every-8-plain-bridges": {"average_every": 8, "schedule_options": {"exact_bridges": False}},
-    "dssync-every-8-global-32": {"average_every": 8, "global_every": 32},
-    # The racks every 8 steps, every rank every 32 through the racks, no bridge step: the averager's rhythm.
+    "dssync-every-8-cross-16": {"average_every": 8, **BRIDGES, "schedule_options": {"intra_steps": 1}},
+    "dssync-every-8-plain-bridges": {"average_every": 8, **BRIDGES, "schedule_options": {"exact_bridges": False}},
+    "dssync-every-8-global-32": {"average_every": 8, "global_every": 32, "schedule_options": {"intra_steps": 3}},
+    # The default's rhythm with its global averages through the racks (one bridge rank of each rack).
     "dssync-racks-8-global-32": {"average_every": 8, "global_every": 32,
                                  "schedule_options": {"intra_steps": None, "global_via_bridges": True}},
-    "dssync-every-4-outer": {"average_every": 4, "outer_momentum": 0.5},
+    "dssync-every-4-outer": {"average_every": 4, **BRIDGES, "outer_momentum": 0.5},
     # Averages behind the local steps, folded in once done (the default's choice where its trial keeps it).
-    "dssync-every-4-overlap": {"average_every": 4, "overlap": True},
-    "dssync-every-4-warmup": {"average_every": 4, "warmup_steps": "epoch"},
+    "dssync-every-4-overlap": {"average_every": 4, **BRIDGES, "overlap": True},
+    "dssync-default-overlap": {"overlap": True},
+    "dssync-every-4-warmup": {"average_every": 4, **BRIDGES, "warmup_steps": "epoch"},
     # Post-local SGD in DS-Sync (one group of every rank, every 4 steps): PyTorch's periodic averager's rule.
     "dssync-one-group-every-4": {"schedule": "shuffle", "num_groups": 1, "average_every": 4},
     "dssync-one-group-every-8": {"schedule": "shuffle", "num_groups": 1, "average_every": 8},
     "dssync-one-group-every-16": {"schedule": "shuffle", "num_groups": 1, "average_every": 16},
-    # The racks every 4 steps and every rank every 16 (global_every): the hierarchical averager's rhythm.
-    "dssync-every-4-global-16": {"average_every": 4, "global_every": 16},
+    # The racks every 4 steps and every rank every 16 (global_every), bridges between.
+    "dssync-every-4-global-16": {"average_every": 4, "global_every": 16, "schedule_options": {"intra_steps": 3}},
 }
 # PyTorch's post-local SGD averagers at the bench's periods, built as the bench builds them
 # (hvd_dssync.bench.worker.postlocal_optimizer: periodic every p; hierarchical, the rack every p/2 and all
