@@ -4,7 +4,7 @@ Below everything else of the bench (the worker that runs a contender, the report
 metric that evaluates them): plain data and pure functions, PyTorch imported only to build the model.
 """
 
-__all__ = ["CONTENDERS", "DSSYNC_CONTENDERS", "HOROVOD_BSP", "POSTLOCAL", "AVERAGER_PERIODS", "ALONE", "DEFAULT",
+__all__ = ["CONTENDERS", "DSSYNC_CONTENDERS", "TRIAL", "HOROVOD_BSP", "POSTLOCAL", "AVERAGER_PERIODS", "ALONE", "DEFAULT",
            "DEFAULT_VARIANTS", "dssync_arguments", "period_of", "build_model", "higher_target"]
 
 # DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
@@ -33,6 +33,7 @@ DSSYNC_CONTENDERS = {
     "dssync-topology-local-cross16-p8": ("topology", True),
     "dssync-topology-global32-p8": ("topology", True),
     "dssync-topology-global32-ring-p8": ("topology", True),
+    "dssync-topology-global32-trial-p8": ("topology", True),
     "dssync-topology-local-g16": ("topology", True),
     "dssync-topology-local-plain": ("topology", True),
 }
@@ -40,7 +41,7 @@ DSSYNC_CONTENDERS = {
 # schedule with a global average as the hierarchical averager takes them, which kept Horovod's accuracy at
 # 4 steps a period where the racks' bridges alone did not (docs/tuning.md).
 GLOBAL_EVERY = {"dssync-topology-local-g16": 16, "dssync-topology-global32-p8": 32,
-                "dssync-topology-global32-ring-p8": 32}
+                "dssync-topology-global32-ring-p8": 32, "dssync-topology-global32-trial-p8": 32}
 # Contenders whose bridges average plainly (``exact_bridges=False``): a rack takes in a rack size's share of
 # the others' model per crossing, not all of it (what the exact bridges buy).
 PLAIN_BRIDGES = {"dssync-topology-local-plain"}
@@ -50,14 +51,17 @@ PLAIN_BRIDGES = {"dssync-topology-local-plain"}
 # "-global32" averages the racks every 8 steps and every rank every 32, as the hierarchical averager at p = 16
 # does, with no bridge step (None): the racks meet only in the global averages.
 INTRA_STEPS = {"dssync-topology-local-cross16-p8": 1, "dssync-topology-global32-p8": None,
-               "dssync-topology-global32-ring-p8": None}
+               "dssync-topology-global32-ring-p8": None, "dssync-topology-global32-trial-p8": None}
 # Contenders whose global averages go through the racks (``global_via_bridges``: the rack's average, one bridge
 # rank of each rack averaging theirs, the rack taking the result); "-ring" averages over every rank at once.
-GLOBAL_VIA_BRIDGES = {"dssync-topology-global32-p8"}
+GLOBAL_VIA_BRIDGES = {"dssync-topology-global32-p8", "dssync-topology-global32-trial-p8"}
 # Contenders that add an outer step after each average (``outer_momentum``, SlowMo / DiLoCo style).
 OUTER_MOMENTUM = {"dssync-topology-local-momentum": 0.5}
 # Contenders whose averages run in the background and are folded in at the next step (``overlap=True``).
 OVERLAP = {"dssync-topology-local-overlap"}
+# Contenders that leave overlap to the trial, as the plain swap does (``overlap=None``; the others: False):
+# "-global32-trial-p8" is the swap's schedule with the racks given, static process sets and the trial.
+TRIAL = {"dssync-topology-global32-trial-p8"}
 # Contenders whose averages travel in float16 (Horovod's ``compression=hvd.Compression.fp16``: the adapter
 # averages the differences from the last shared model, each rank keeping its own rounding error).
 FP16 = {"dssync-topology-local-fp16"}

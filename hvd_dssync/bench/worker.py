@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from hvd_dssync.bench.catalog import (ALONE, CONTENDERS, DEFAULT, DEFAULT_VARIANTS, DYNAMIC_SETS, FP16, HOROVOD_BSP,
-                                      IDLE_SETS, OUTER_MOMENTUM, OVERLAP, POLICY, POSTLOCAL, build_model,
+                                      IDLE_SETS, OUTER_MOMENTUM, OVERLAP, POLICY, POSTLOCAL, TRIAL, build_model,
                                       dssync_arguments, period_of)
 from hvd_dssync.bench.metric import Snapshots, load_data, snapshot_every
 from hvd_dssync.bench.scenarios import slow_rank
@@ -110,7 +110,8 @@ def _make_contender(name, model, config, rank, size):
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
             opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(), model=model,
                                            seed=config["seed"], warmup_steps=warmup,
-                                           outer_momentum=OUTER_MOMENTUM.get(name, 0.0), overlap=name in OVERLAP,
+                                           outer_momentum=OUTER_MOMENTUM.get(name, 0.0),
+                                           overlap=None if name in TRIAL else name in OVERLAP,
                                            policy=AdaptivePolicy(**POLICY[name]) if name in POLICY else None,
                                            compression=hvd.Compression.fp16 if name in FP16 else
                                            hvd.Compression.none, **kwargs)
