@@ -54,13 +54,18 @@ def test_the_racks_are_refused_inside_a_process_set_either_way():
             config_of(sync, keywords, in_process_set=True)
 
 
+def _sensing(racks):
+    """What sensing finds (hvd_dssync.sensing.default_topology), ``sensed`` and ``nothing``: "auto" becomes
+    ``racks``, or one rack (None); and the job's topology of what was found (``job``)."""
+    sensed = lambda s, n, g, topology, o, w: (racks if topology == "auto" else topology, None)  # noqa: E731
+    nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
+    return sensed, nothing, lambda topology: Topology.from_racks(racks)
+
+
 def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     racks = [[0, 1], [2, 3]]
-    # What sensing finds (hvd_dssync.sensing.default_topology): "auto" becomes the racks, or one rack (None).
-    sensed = lambda s, n, g, topology, o, w: (racks if topology == "auto" else topology, None)  # noqa: E731
-    nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
-    job = lambda topology: Topology.from_racks(racks)  # noqa: E731
+    sensed, nothing, job = _sensing(racks)
 
     def every(sense, **arguments):
         config, _ = SyncConfig(**arguments).resolve(sense, job)
@@ -78,9 +83,7 @@ def test_average_every_defaults_to_local_steps_on_the_default_racks_only(monkeyp
 def test_the_default_racks_meet_in_global_averages_only_where_nothing_names_the_rhythm(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     racks = [[0, 1], [2, 3]]
-    sensed = lambda s, n, g, topology, o, w: (racks if topology == "auto" else topology, None)  # noqa: E731
-    nothing = lambda s, n, g, topology, o, w: (None if topology == "auto" else topology, None)  # noqa: E731
-    job = lambda topology: Topology.from_racks(racks)  # noqa: E731
+    sensed, nothing, job = _sensing(racks)
 
     def rhythm(sense, routes=True, **arguments):
         config, _ = SyncConfig(**arguments).resolve(sense, job, routes=routes)
@@ -90,7 +93,7 @@ def test_the_default_racks_meet_in_global_averages_only_where_nothing_names_the_
 
     # The one-line swap on sensed racks: through the racks where nothing stands in the way (PyTorch's).
     assert rhythm(sensed) == (RACK_GLOBAL_EVERY, None, "auto")
-    assert rhythm(sensed, routes=False) == (RACK_GLOBAL_EVERY, None, False)  # the Keras adapter: every rank at once
+    assert rhythm(sensed, routes=False) == (RACK_GLOBAL_EVERY, None, False)  # Keras: every rank at once
     assert rhythm(sensed, schedule_options={"global_via_bridges": False})[2] is False  # named: kept
     assert rhythm(nothing, topology=racks)[:2] == (RACK_GLOBAL_EVERY, None)  # racks given, schedule not named
     assert rhythm(sensed, global_every=16)[:2] == (16, None)  # given: kept, the racks meet there
