@@ -35,6 +35,13 @@ RACK_GLOBAL_EVERY = 32
 FLAT_AVERAGE_EVERY = 8
 
 
+def _picks_the_rhythm(schedule_given, policy):
+    """Whether DS-Sync chooses the periods itself: no schedule was named (the one-line swap) and the policy
+    is the fixed one (the adaptive policy chooses its own)."""
+    fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
+    return schedule_given is None and fixed
+
+
 def default_average_every(average_every, schedule_given, schedule, policy=None, flat_hosts=False):
     """``average_every`` as given, or its default (``None``) under the fixed policy where the schedule was not
     named (``schedule_given`` None, the one-line swap): :data:`RACK_AVERAGE_EVERY` where it resolved to the
@@ -53,8 +60,7 @@ def default_average_every(average_every, schedule_given, schedule, policy=None, 
     """
     if average_every is not None:
         return average_every
-    fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
-    if schedule_given is not None or not fixed:
+    if not _picks_the_rhythm(schedule_given, policy):
         return 1
     if schedule == "topology":
         return RACK_AVERAGE_EVERY
@@ -84,8 +90,7 @@ def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule
         >>> default_rack_rhythm(None, None, "topology", "topology"), default_rack_rhythm(None, None, None, "shuffle")
         ((0, None), (0, None))
     """
-    fixed = policy is None or (isinstance(policy, str) and policy == "fixed")
-    if schedule_given is not None or not fixed or schedule != "topology":
+    if not _picks_the_rhythm(schedule_given, policy) or schedule != "topology":
         return (0 if global_every is None else global_every), schedule_options
     every = RACK_GLOBAL_EVERY if global_every is None else global_every
     if every:

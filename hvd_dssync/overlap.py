@@ -112,8 +112,9 @@ class OverlapTrial:
 
     @classmethod
     def of(cls, plan):
-        """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan`: after its warm-up, one period per
-        average, whole cycles of its averages' kinds (:func:`averages_cycle`)."""
+        """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan` (or of anything with its ``policy``
+        and ``schedule``, as both adapters' optimizers have): after its warm-up, one period per average, whole
+        cycles of its averages' kinds (:func:`averages_cycle`)."""
         policy = plan.policy
         return cls(policy.warmup_steps, policy.average_every,
                    averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every))

@@ -11,7 +11,7 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss
 import numpy as np
 import tensorflow as tf
-from hvd_dssync.overlap import OverlapTrial, averages_cycle
+from hvd_dssync.overlap import OverlapTrial
 
 hvd.init()
 LR = 0.125  # a power of two: float32 sums stay exact
@@ -36,8 +36,7 @@ def train(forced):
     def step():
         opt.apply_gradients([(gradient, kernel)])
 
-    last = OverlapTrial(opt.policy.warmup_steps, opt.policy.average_every,
-                    averages_cycle(opt.schedule.cycle, opt.policy.average_every, opt.policy.global_every)).last
+    last = OverlapTrial.of(opt).last
     steps = last + 2 * opt.policy.average_every + 1
     for k in range(steps):
         assert opt.overlap is None or k > last, (k, opt.overlap)

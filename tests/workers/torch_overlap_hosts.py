@@ -3,13 +3,12 @@ runs after its first averaging period and decides alike on every rank; every ran
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
-from hvd_dssync.overlap import OverlapTrial, averages_cycle
+from hvd_dssync.overlap import OverlapTrial
 
 hvd.init()
 model = torch.nn.Linear(64, 8)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
-last = OverlapTrial(opt.policy.warmup_steps, opt.policy.average_every,
-                    averages_cycle(opt.schedule.cycle, opt.policy.average_every, opt.policy.global_every)).last
+last = OverlapTrial.of(opt).last
 for step in range(last + 3):
     opt.zero_grad()
     model(torch.randn(16, 64)).pow(2).mean().backward()
