@@ -6,10 +6,12 @@ and backward pass), and loses where the ranks' compute already fills the cores (
 with it and is folded in stale for nothing). Rather than guess which from the machine, the optimizer times
 it: after the warm-up and one averaging period of set-up, :data:`TRIAL_PERIODS` averaging periods or more
 (whole cycles of the schedule, each place of the cycle at least twice: :func:`replicates`) with the averages
-waited for, as many overlapped, each period's seconds on each rank (one allgather at the trial's last step:
-every rank decides alike). Overlap stays on where the saving less :data:`MIN_T` standard errors is still
+waited for, as many overlapped, each period's seconds on each rank (an allgather where it decides: every
+rank decides alike). Overlap stays on where the saving less :data:`MIN_T` standard errors is still
 :data:`MIN_GAIN` of a waited period; else off, the safe choice (exact averages, no staleness): unsure is
-off. The trial weighs the steps' time alone, not what a stale average costs each step. ``overlap=True``
+off. A first look after the first overlapped cycle ends the trial early where that cycle saved less than
+:data:`MIN_GAIN` (an overlapped average is folded in a period late: each overlapped period costs the
+ranks' models some accuracy, spent for nothing where overlap does not pay). The trial weighs the steps' time alone, not what a stale average costs each step. ``overlap=True``
 or ``False`` decides without a trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
@@ -79,7 +81,8 @@ class OverlapTrial:
     averages; ``cycle``: the averages after which the schedule's kinds of average repeat (the topology-aware
     schedule's rack averages and its bridge: ``intra_steps + 1``), so that each way is timed over as many
     averages of each kind (whole cycles, at least ``periods`` averages, each place of the cycle at least
-    twice, :func:`replicates`).
+    twice, :func:`replicates`). The ranks gather their figures at :attr:`look` (after the first overlapped
+    cycle: :meth:`decide` with ``early=True`` ends the trial where it saved too little) and at :attr:`last`.
 
     Example::
 
@@ -90,8 +93,8 @@ class OverlapTrial:
         [False, False, False, False, False, True, True, True, True, True]
         >>> for s in range(10):
         ...     trial.note(s, 0.3 if s < 5 else 0.2)
-        >>> trial.due(8), trial.figures().tolist()
-        (True, [[0.3, 0.3, 0.3, 0.3, 0.2, 0.2, 0.2, 0.2]])
+        >>> trial.look, trial.due(5), trial.due(8), trial.figures().tolist()
+        (5, True, True, [[0.3, 0.3, 0.3, 0.3, 0.2, 0.2, 0.2, 0.2]])
         >>> trial.decide([[0.3, 0.31, 0.3, 0.32, 0.2, 0.21, 0.2, 0.2], [0.31, 0.3, 0.3, 0.3, 0.21, 0.2, 0.2, 0.2]])
         True
         >>> trial.overlap_at(10)
@@ -104,9 +107,11 @@ class OverlapTrial:
         self.cycle = max(1, int(cycle))
         self.blocks = self.cycle * replicates(periods, self.cycle)  # averaging periods timed each way
         self.length = self.period * self.blocks
+        self.look = self.first + self.length + self.period * self.cycle - 1  # after the first overlapped cycle
         self.min_gain = float(min_gain)
         self.decided = None  # True / False once decided
         self.gain = math.nan
+        self.early = False  # decided at the first look
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
         self._last_end = None  # when the step before ended (step_ended)
 
@@ -136,8 +141,9 @@ class OverlapTrial:
             self._seconds[(step - self.first) // self.period] += float(seconds)
 
     def due(self, step):
-        """Whether the ranks decide after ``step`` (:meth:`figures`, then :meth:`decide`)."""
-        return self.decided is None and step == self.last
+        """Whether the ranks gather their figures after ``step`` and decide (:meth:`figures`, then
+        :meth:`decide`; at :attr:`look`, early)."""
+        return self.decided is None and step in (self.look, self.last)
 
     def step_ended(self, step, gather):
         """What an adapter calls at the end of each step: notes the step's seconds, from the end of the step
@@ -147,7 +153,7 @@ class OverlapTrial:
         now = time.perf_counter()
         if self._last_end is not None:
             self.note(step, now - self._last_end)
-        decided = self.decide(gather(self.figures())) if self.due(step) else None
+        decided = self.decide(gather(self.figures()), early=step < self.last) if self.due(step) else None
         self._last_end = time.perf_counter()
         return decided
 
@@ -155,7 +161,7 @@ class OverlapTrial:
         """This rank's seconds of each averaging period of the trial, the waited ones first: one row."""
         return self._seconds.reshape(1, -1).copy()
 
-    def decide(self, gathered):
+    def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
         ``min_gain`` or more, and by more than the noise. The saving of each averaging period is the waited
         period's seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the
@@ -164,9 +170,22 @@ class OverlapTrial:
         a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
         average), which is no noise. Overlap is kept where the mean saving less :data:`MIN_T` standard errors is
         still ``min_gain`` of a waited period. Returns the decision.
+
+        ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where that cycle saved
+        less than ``min_gain`` of the waited periods of the same places (the final rule could then keep overlap
+        only where the second cycle saved far more than the first; unsure is off); else None, the trial goes
+        on.
         """
         periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
+        if early:
+            first = overlapped[:, :self.cycle].mean(axis=0)
+            places = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)
+            if (places - first).mean() >= self.min_gain * waited.mean():
+                return None
+            self.gain = 1.0 - first.mean() / places.mean() if places.mean() > 0 else math.nan
+            self.decided, self.early = False, True
+            return False
         self.gain = 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
         saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
         spread = saved - saved.mean(axis=0)
@@ -186,4 +205,5 @@ class OverlapTrial:
             return "overlap: on trial"
         if math.isnan(self.gain):
             return f"overlap {'on' if self.decided else 'off'} (no trial)"
-        return f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter)"
+        cycle = ", its first overlapped cycle" if self.early else ""
+        return f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle})"

@@ -50,9 +50,9 @@ class OverlapChoice:
                 self.overlapped.assign(False)
 
     def end_step(self, step):
-        """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's last step,
-        gather every rank's figures over the optimizer's process set and decide (a collective, at the same
-        step everywhere); set the way of the next step's average."""
+        """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's first look and
+        its last step, gather every rank's figures over the optimizer's process set and decide (a collective,
+        at the same step everywhere); set the way of the next step's average."""
         return tf.py_function(self._end_step, [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
 
     def _end_step(self, step):

@@ -25,7 +25,7 @@ class OverlapChoice:
         choice = OverlapChoice("dssync.0", plan)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         ...                                  # the step
-        choice.end_step(world, step)         # an allgather at the trial's last step
+        choice.end_step(world, step)         # an allgather at the trial's first look and its last step
     """
 
     def __init__(self, name, plan):
@@ -39,9 +39,9 @@ class OverlapChoice:
         return self.trial.overlap_at(step)
 
     def end_step(self, world, step):
-        """Time the step; at the trial's last step, gather every rank's figures over the optimizer's process set
-        and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the decision taken at this
-        step, or None."""
+        """Time the step; at the trial's first look and its last step, gather every rank's figures over the
+        optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the
+        decision taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()

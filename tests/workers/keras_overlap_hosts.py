@@ -1,6 +1,6 @@
 """One rank of a job of one rank per emulated host: the Keras swap's trial of overlap (hvd_dssync.overlap) runs
-after its first averaging period, decides alike on every rank, and whichever way it decides, the averages
-keep the mean of the ranks' models exactly.
+after its first averaging period, decides alike on every rank (at its first look or at its last step), and
+whichever way it decides, the averages keep the mean of the ranks' models exactly.
 
 Each rank's gradient is a constant of its own (``rank + 1``), so after ``synchronize_models`` every rank must
 hold the mean of what each rank computed, whatever the trial chose. The trial runs three times: its decision
@@ -19,9 +19,10 @@ decide = OverlapTrial.decide
 
 
 def train(forced):
-    def decided(trial, gathered):
-        decide(trial, gathered)
-        trial.decided = trial.decided if forced is None else forced
+    def decided(trial, gathered, early=False):
+        decide(trial, gathered, early)
+        if forced is not None:  # forced: no early end; the forced way at the last step
+            trial.decided, trial.early = (None, False) if early else (forced, False)
         return trial.decided
 
     OverlapTrial.decide = decided
@@ -36,10 +37,11 @@ def train(forced):
     def step():
         opt.apply_gradients([(gradient, kernel)])
 
-    last = OverlapTrial.of(opt).last
+    trial = OverlapTrial.of(opt)
+    last = trial.last
     steps = last + 2 * opt.policy.average_every + 1
     for k in range(steps):
-        assert opt.overlap is None or k > last, (k, opt.overlap)
+        assert opt.overlap is None or k > (trial.look if forced is None else last), (k, opt.overlap)
         step()
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is forced), (forced, opt.overlap)
     dss.synchronize_models(model)

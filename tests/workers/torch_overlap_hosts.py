@@ -1,5 +1,6 @@
 """One rank of a job of one rank per emulated host: the one-line swap's trial of overlap (hvd_dssync.overlap)
-runs after its first averaging period and decides alike on every rank; every rank prints what it decided."""
+runs after its first averaging period and decides alike on every rank, at its first look or at its last step;
+every rank prints what it decided."""
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
@@ -8,12 +9,13 @@ from hvd_dssync.overlap import OverlapTrial
 hvd.init()
 model = torch.nn.Linear(64, 8)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
-last = OverlapTrial.of(opt).last
+trial = OverlapTrial.of(opt)
+last = trial.last
 for step in range(last + 3):
     opt.zero_grad()
     model(torch.randn(16, 64)).pow(2).mean().backward()
     opt.step()
-    assert opt.overlap is (None if step < last else opt.overlap), (step, opt.overlap)
+    assert opt.overlap is (None if step < trial.look else opt.overlap), (step, opt.overlap)
 assert opt.overlap in (True, False), opt.overlap
 dss.synchronize_models(model)
 print(f"OVERLAP {opt.overlap} after {last + 3} steps, every {opt.policy.average_every}", flush=True)
