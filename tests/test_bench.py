@@ -58,12 +58,13 @@ def test_smoke_two_namespaces_dssync_crosses_the_shaped_link_and_is_torn_down():
 @pytest.mark.multirank
 def test_loopback_local_steps_and_a_straggler_reach_the_record():
     """dssync-local on 2 loopback ranks: it averages on 1 step in ``local_period``, the others are
-    "local", and rank 0, the straggler of the whole run (seed 1), sleeps its delay on every step."""
+    "local", and rank 0, the straggler of the whole run (seed 1), sleeps its delay on every step. A
+    snapshot budget of one byte (``--snapshot-budget-mb``) leaves the last step's snapshot alone."""
     from hvd_dssync.bench.contenders import run_contender
     from hvd_dssync.bench.testbed import LoopbackBed
 
     config = dict(SMOKE_CONFIG, seed=1, steps=6, eval_every=3, local_period=3,
-                  stragglers={"period": 1000.0, "slow": 1000.0, "delay": 0.05})
+                  stragglers={"period": 1000.0, "slow": 1000.0, "delay": 0.05}, snapshot_budget_bytes=1)
     assert straggler_at(0.0, 1, 2, 1000.0, 1000.0) == 0
     with LoopbackBed([1, 1]) as bed:
         record = run_contender(bed, "dssync-local", config, timeout=60)
@@ -72,6 +73,8 @@ def test_loopback_local_steps_and_a_straggler_reach_the_record():
     assert record["kind_of_step"] == ["local", "local", "group"] * 2, record["kind_of_step"]
     assert record["slowed_seconds"] == pytest.approx(6 * 0.05)
     assert min(record["step_times"]) >= 0.05
+    assert record["snapshot_every"] > 6 and record["snapshot_dtype"] == "float16"
+    assert [point["step"] for point in record["curve"]] == [6]
     row = report.summarize(record, {"name": "loopback", "inter_mbit": 0.0, "rate_changes": []}, config)
     assert row["bottleneck_bytes_estimate"] == pytest.approx(2 * record["model_bytes"])  # 2 global pair averages
 

@@ -19,10 +19,10 @@ import sys
 import time
 
 from . import report
-from .arguments import names
+from .arguments import names, positive_float
 from .contenders import CONTENDERS, HOROVOD_CONTENDERS, JobFailed, run_contender
 from .launchers import MPIRUN_ONLY, contender_launcher, run_launched_contender
-from .metric import TASKS
+from .metric import SNAPSHOT_BUDGET_BYTES, TASKS
 from .scenarios import SCENARIOS, scenario
 from .testbed import LoopbackBed, Testbed, namespaces_available
 
@@ -79,6 +79,10 @@ def build_parser():
                    help="synthetic: 5,000 test samples (0.02 pp each); digits: 360 (hvd_dssync.bench.metric)")
     p.add_argument("--eval-every", type=int, default=2,
                    help="steps between the model snapshots the accuracy curves are evaluated on, off the clock")
+    p.add_argument("--snapshot-budget-mb", type=positive_float, default=SNAPSHOT_BUDGET_BYTES / 2 ** 20,
+                   help="memory a rank may hold its model snapshots in; where --steps of them every --eval-every "
+                        "steps do not fit, they are float16 and further apart (a large model's curve is read on "
+                        "that coarser grid; each rank holds them until its job ends)")
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1,
@@ -162,6 +166,7 @@ def main(argv=None):
             return 2
     config = {"seed": args.seed, "task": args.task, "hidden": args.hidden, "batch": args.batch, "lr": args.lr, "momentum": args.momentum,
               "steps": args.steps, "eval_every": args.eval_every, "max_train_seconds": args.max_train_seconds,
+              "snapshot_budget_bytes": int(args.snapshot_budget_mb * 2 ** 20),
               "calibration_steps": 10, "racks": racks, "local_period": args.local_period,
               "warmup_steps": args.warmup_steps, "target": args.target, "slots_per_host": args.slots_per_host}
     if ok:

@@ -24,7 +24,7 @@ import numpy as np
 from hvd_dssync.bench.catalog import (ALONE, CONTENDERS, DEFAULT, DEFAULT_VARIANTS, DYNAMIC_SETS, FP16, HOROVOD_BSP,
                                       IDLE_SETS, OUTER_MOMENTUM, OVERLAP, POLICY, POSTLOCAL, TRIAL, build_model,
                                       dssync_arguments, period_of)
-from hvd_dssync.bench.metric import Snapshots, load_data, snapshot_every
+from hvd_dssync.bench.metric import SNAPSHOT_BUDGET_BYTES, Snapshots, load_data, snapshot_every
 from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
 
@@ -248,7 +248,8 @@ def run(config):
 
     net, opt, comm, last_sync = _make_contender(name, model, config, rank, size)
     stragglers = config.get("stragglers")
-    every, dtype = snapshot_every(params, config["steps"], config["eval_every"])
+    every, dtype = snapshot_every(params, config["steps"], config["eval_every"],
+                                  config.get("snapshot_budget_bytes", SNAPSHOT_BUDGET_BYTES))
     snapshots = Snapshots(model, every, dtype)
     compute_wait = config.get("compute_ms", 0.0) / 1e3  # an accelerator's compute, emulated: the CPU stays free
     comm.max_flag(0)
