@@ -11,8 +11,9 @@ rank decides alike). Overlap stays on where the saving less :data:`MIN_T` standa
 :data:`MIN_GAIN` of a waited period; else off, the safe choice (exact averages, no staleness): unsure is
 off. A first look after the first overlapped cycle ends the trial early where that cycle saved less than
 :data:`MIN_GAIN` (an overlapped average is folded in a period late: each overlapped period costs the
-ranks' models some accuracy, spent for nothing where overlap does not pay). The trial weighs the steps' time alone, not what a stale average costs each step. ``overlap=True``
-or ``False`` decides without a trial; so does a job on one host (:func:`runs_trial`), where it stays off.
+ranks' models some accuracy, spent for nothing where overlap does not pay). The trial weighs the steps'
+time alone, not what a stale average costs each step. ``overlap=True`` or ``False`` decides without a
+trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -169,7 +170,8 @@ class OverlapTrial:
         averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
         a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
         average), which is no noise. Overlap is kept where the mean saving less :data:`MIN_T` standard errors is
-        still ``min_gain`` of a waited period. Returns the decision.
+        still ``min_gain`` of a waited period. Returns the decision (None where the first look lets the trial
+        go on).
 
         ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where that cycle saved
         less than ``min_gain`` of the waited periods of the same places (the final rule could then keep overlap
