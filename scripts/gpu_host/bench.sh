@@ -8,7 +8,7 @@ export PATH="$R/.gpu_host_site/bin:$R/.gpu_host_site/lib/bin:$PATH" PYTHONPATH="
 export PYTHONUNBUFFERED=1
 cd "$R"
 python3 -m hvd_dssync bench --scenarios accelerator --steps 400 --max-train-seconds 25 --timeout 90 --no-plots \
-    --out "${OUT:-bench-results}/accelerator" \
+    --snapshot-budget-mb 1024 --out "${OUT:-bench-results}/accelerator" \
     --contenders alone,dssync-default,dssync-topology-local,dssync-topology-local-overlap,postlocal-hierarchical-p16 \
     "$@"
 python3 -m hvd_dssync.bench.experiments.sensing_rate --runs "${SENSING_RUNS:-5}" --networks bandwidth
