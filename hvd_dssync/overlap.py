@@ -77,6 +77,12 @@ def averages_cycle(cycle, average_every, global_every):
     return every * cycle // math.gcd(every - 1, cycle)
 
 
+def _shorter(overlapped, waited):
+    """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones, on average (NaN where
+    nothing was timed)."""
+    return 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
+
+
 class OverlapTrial:
     """The trial of one optimizer. ``start``: the first step after the warm-up; ``period``: steps between two
     averages; ``cycle``: the averages after which the schedule's kinds of average repeat (the topology-aware
@@ -181,14 +187,15 @@ class OverlapTrial:
         periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
         if early:
-            first = overlapped[:, :self.cycle].mean(axis=0)
-            places = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)
-            if (places - first).mean() >= self.min_gain * waited.mean():
+            # The first overlapped cycle holds each place once: its mean is set against the waited periods' mean,
+            # which holds every place as often.
+            first = overlapped[:, :self.cycle]
+            if waited.mean() - first.mean() >= self.min_gain * waited.mean():
                 return None
-            self.gain = 1.0 - first.mean() / places.mean() if places.mean() > 0 else math.nan
+            self.gain = _shorter(first, waited)
             self.decided, self.early = False, True
             return False
-        self.gain = 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
+        self.gain = _shorter(overlapped, waited)
         saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
         spread = saved - saved.mean(axis=0)
         freedom = saved.size - self.cycle

@@ -112,7 +112,7 @@ def test_a_cycle_of_rack_averages_and_a_bridge_under_noise(rack_hidden, bridge_h
     the right one in 95 of 100 trials."""
     rng = np.random.default_rng(int(100 * rack_hidden + 10 * bridge_hidden + 1000 * noise) % 2 ** 16)
     period, compute = 4, 0.13
-    right = 0
+
     def seconds(step, overlapped):
         time = compute * rng.lognormal(0.0, noise)
         if (step + 1) % period == 0:
@@ -121,6 +121,7 @@ def test_a_cycle_of_rack_averages_and_a_bridge_under_noise(rack_hidden, bridge_h
             time += cost * (1.0 - hidden if overlapped else 1.0) * rng.lognormal(0.0, noise)
         return time
 
+    right = 0
     for _ in range(100):
         decisions = set(run_trials([OverlapTrial(0, period, cycle=4) for _ in range(8)], seconds))
         assert len(decisions) == 1
