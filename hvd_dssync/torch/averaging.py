@@ -103,6 +103,11 @@ class Averaging:
         self._pending = None
 
     @property
+    def in_flight(self):
+        """Whether an average runs behind the local steps (``overlap``), not yet folded in."""
+        return self._pending is not None
+
+    @property
     def ordered_sets(self):
         """Whether the groups' sets may be marked ordered (:mod:`hvd_dssync.process_sets`): not where sparse
         averaging gathers rows on them."""

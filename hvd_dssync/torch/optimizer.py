@@ -21,6 +21,7 @@ the new world, checks again that all ranks agree, and continues from rank 0's st
 """
 import contextlib
 import warnings
+import weakref
 
 import horovod.torch as hvd
 import torch
@@ -110,6 +111,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
             self._averaging.enter_window(self._world(), self.sync_step)
             self._averaging.warm_window_sets(self._world())
         watch_until_exit(self)
+        if model is not None and config.overlap is not False:
+            model.register_forward_pre_hook(_fold_before_evaluation(weakref.ref(self)))
 
     # --- what users see ---------------------------------------------------------------------
 
@@ -120,6 +123,12 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         if self._overlap_choice is None:
             return self._averaging.overlap
         return self._overlap_choice.trial.decided
+
+    @property
+    def in_flight(self):
+        """Whether an average runs behind the local steps (``overlap``), not yet folded in; :meth:`finish_pending`
+        folds it in, as evaluating ``model`` (in ``model.eval()`` mode) does where it was given."""
+        return self._averaging.in_flight
 
     @property
     def sensed(self):
@@ -397,3 +406,15 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         if grad_scale is not None:  # scaler.step() without scaler.unscale_() first
             unscale_gradients(self.param_groups, grad_scale)
         return super(self.__class__, self).step(closure)
+
+
+def _fold_before_evaluation(optimizer_ref):
+    """A forward pre-hook for the model: in evaluation mode (``model.eval()``), fold in the average in flight
+    first (``overlap``), so that the model evaluated is the one an average waited for would have left; this
+    rank alone waits for its own op, no other op is issued. In training mode it does nothing: the step polls."""
+    def hook(module, args):
+        optimizer = optimizer_ref()
+        if not module.training and optimizer is not None and optimizer.in_flight:
+            optimizer.finish_pending()
+    return hook
+

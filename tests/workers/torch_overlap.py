@@ -60,6 +60,30 @@ def check_bridge_sends_the_racks_average(steps):
     dss.synchronize_models(model)
 
 
+def check_evaluation_folds_the_average_in_flight(steps):
+    """Evaluating the model (``model.eval()``) folds in the average in flight first, on the evaluating rank
+    alone: rank 0's model is then the mean of what the ranks computed (an average at every step, so no local
+    progress since it was sent), while a forward pass in training mode leaves the average in flight."""
+    model, opt, _ = train(steps, overlap=True, average_every=1, schedule="shuffle", num_groups=1)
+    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    got = model.weight.detach().reshape(-1)
+    check(opt.in_flight and not torch.allclose(got, torch.full_like(got, want), atol=1e-5),
+          f"before evaluating: in flight {opt.in_flight}, weights {got.tolist()} (the mean {want})")
+    if RANK == 0:
+        model(torch.ones(1, 3))
+        check(opt.in_flight, "a forward pass in training mode folded the average in")
+        model.eval()
+        with torch.no_grad():
+            model(torch.ones(1, 3))
+        got = model.weight.detach().reshape(-1)
+        check(not opt.in_flight and torch.allclose(got, torch.full_like(got, want), atol=1e-5),
+              f"after evaluating: in flight {opt.in_flight}, weights {got.tolist()}, want the mean {want}")
+        model.train()
+    dss.synchronize_models(model)
+    got = model.weight.detach().reshape(-1)
+    check(torch.allclose(got, torch.full_like(got, want), atol=1e-5), f"after synchronize_models {got.tolist()}")
+
+
 def check_one_host_runs_no_trial():
     """On one host (this job) ``overlap=None`` is off from the start: nothing to hide an average behind."""
     _, opt, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
@@ -71,6 +95,8 @@ for name, steps, options in common.STALE_FOLD_CASES:
         check_stale_fold_is_exact(steps, **options)
 with behaviour("an exact bridge after an overlapped rack average sends the rack's average"):
     check_bridge_sends_the_racks_average(10)
+with behaviour("evaluating the model folds in the average in flight, on that rank alone"):
+    check_evaluation_folds_the_average_in_flight(6)
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)
