@@ -54,8 +54,9 @@ def test_sparse_embedding_averaging_equals_dense():
 def test_a_stale_average_is_folded_in_exactly():
     """overlap=True in traced steps: averages run on a thread behind the local steps and are folded in at the next
     average (shuffle; racks with exact bridges, checked against the reference of overlapped averaging), and after
-    synchronize_models every rank holds the mean of what the ranks computed; compression and the adaptive policy
-    are refused with overlap."""
+    synchronize_models every rank holds the mean of what the ranks computed; SynchronizeModelsCallback folds in the
+    average in flight before an evaluation on one rank; compression and the adaptive policy are refused with
+    overlap."""
     output = run("mpi", 4, "keras_overlap.py", timeout=180)
     assert output.count("all checks passed") == 4, output
 

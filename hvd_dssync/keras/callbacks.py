@@ -20,7 +20,8 @@ __all__ = ["SynchronizeModelsCallback", "ConsensusDistanceCallback", "SyncStatsC
 class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
     """Average the models exactly over all ranks at the end of training (and, optionally, of each epoch).
 
-    Afterwards every rank holds the same consensus model, so a model saved from any rank is the same.
+    Afterwards every rank holds the same consensus model, so a model saved from any rank is the same. Before an
+    evaluation or a prediction it folds in the average in flight (``overlap``) on the rank that evaluates.
 
     Args:
         every_epoch: also synchronize at the end of every epoch (before later callbacks save it).
@@ -47,6 +48,16 @@ class SynchronizeModelsCallback(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._synchronize()
+
+    def on_test_begin(self, logs=None):
+        """Before an evaluation (``validation_data`` in ``fit``, or ``evaluate``): fold in the average in flight
+        (``overlap``), so the model evaluated is the one an average waited for would have left; this rank alone
+        waits for its own op, no other op is issued."""
+        sync = step_sync_of(self.model.optimizer)
+        if sync is not None:
+            sync.drain()
+
+    on_predict_begin = on_test_begin
 
     def _synchronize(self):
         synchronize_models(self.model, self.root_rank, self.non_trainable, self.process_set)

@@ -82,12 +82,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             group average. Default (None): 8 where the optimizer picks the topology-aware schedule itself
             (racks sensed or given, no ``schedule``), 8 where it sensed hosts on one flat network (one group
             of every rank), else 1 (``hvd_dssync.config.default_average_every``).
-        model: the module; its floating-point buffers (BatchNorm statistics) are averaged too.
+        model: the module; its floating-point buffers (BatchNorm statistics) are averaged too, and evaluating
+            it (in ``model.eval()`` mode) folds in an average in flight first (``overlap``).
         average_buffers: set False to keep buffers local.
         overlap: True starts each average asynchronously: it runs behind the local steps that follow and is
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
-            latest where the next average starts; ``synchronize_models``, ``state_dict`` and the exit drain
-            it first. None (the default): in a job of several hosts, decided by a trial after the warm-up, on
+            latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
+            evaluating ``model`` fold it in first. None (the default): in a job of several hosts, decided by a trial after the warm-up, on
             where it makes the steps shorter (``hvd_dssync.overlap``; off on one host, with a lossy
             compression, sparse averaging or the adaptive policy). False: every average is waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).

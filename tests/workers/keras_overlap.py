@@ -79,6 +79,22 @@ with behaviour("overlapped racks and bridges match the reference once drained"):
     check_against_the_reference(10)
 with behaviour("what overlap cannot follow is refused"):
     check_refusals()
+with behaviour("SynchronizeModelsCallback folds in the average in flight before an evaluation, on that rank alone"):
+    steps = 6
+    model, opt, kernel = train(steps, schedule="shuffle", num_groups=1, average_every=1)
+    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    flight = opt._dssync.averaging.overlapped.flight
+    check(flight.pending and not np.allclose(kernel.numpy(), want, atol=1e-5),
+          f"before evaluating: pending {flight.pending}, weights {kernel.numpy().reshape(-1).tolist()}")
+    if RANK == 0:
+        callback = dss.callbacks.SynchronizeModelsCallback()
+        callback.set_model(model)
+        callback.on_test_begin()
+        check(not flight.pending and np.allclose(kernel.numpy(), want, atol=1e-5),
+              f"after on_test_begin: pending {flight.pending}, weights {kernel.numpy().reshape(-1).tolist()}, "
+              f"want the mean {want}")
+    dss.synchronize_models(model)
+    check(np.allclose(kernel.numpy(), want, atol=1e-5), f"after synchronize_models {kernel.numpy().tolist()}")
 with behaviour("the script ends with an average in flight: the exit drain folds it in"):
     _, opt, _ = train(5, schedule="shuffle", num_groups=2, average_every=1)
     check(opt._dssync.averaging.overlapped.flight.pending, "the last step's average is not in flight")
