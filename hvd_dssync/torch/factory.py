@@ -83,7 +83,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             (racks sensed or given, no ``schedule``), 8 where it sensed hosts on one flat network (one group
             of every rank), else 1 (``hvd_dssync.config.default_average_every``).
         model: the module; its floating-point buffers (BatchNorm statistics) are averaged too, and evaluating
-            it (in ``model.eval()`` mode) folds in an average in flight first (``overlap``).
+            it (``model.eval()`` under ``torch.no_grad()``) folds in an average in flight first (``overlap``).
         average_buffers: set False to keep buffers local.
         overlap: True starts each average asynchronously: it runs behind the local steps that follow and is
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the

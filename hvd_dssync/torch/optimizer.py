@@ -127,7 +127,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
     @property
     def in_flight(self):
         """Whether an average runs behind the local steps (``overlap``), not yet folded in; :meth:`finish_pending`
-        folds it in, as evaluating ``model`` (in ``model.eval()`` mode) does where it was given."""
+        folds it in, as evaluating ``model`` (``model.eval()`` under ``torch.no_grad()``) does where it was given."""
         return self._averaging.in_flight
 
     @property
@@ -409,12 +409,14 @@ class DSSyncOptimizer(torch.optim.Optimizer):
 
 
 def _fold_before_evaluation(optimizer_ref):
-    """A forward pre-hook for the model: in evaluation mode (``model.eval()``), fold in the average in flight
-    first (``overlap``), so that the model evaluated is the one an average waited for would have left; this
-    rank alone waits for its own op, no other op is issued. In training mode it does nothing: the step polls."""
+    """A forward pre-hook for the model: evaluating it (``model.eval()`` and no gradient, as under
+    ``torch.no_grad()``) folds in the average in flight first (``overlap``), so that the model evaluated is the
+    one an average waited for would have left; this rank alone waits for its own op, no other op is issued.
+    A forward pass that may train (training mode, or ``model.eval()`` with gradients, as where BatchNorm is
+    frozen) leaves it in flight: the step polls."""
     def hook(module, args):
         optimizer = optimizer_ref()
-        if not module.training and optimizer is not None and optimizer.in_flight:
+        if not module.training and not torch.is_grad_enabled() and optimizer is not None and optimizer.in_flight:
             optimizer.finish_pending()
     return hook
 

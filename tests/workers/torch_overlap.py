@@ -61,9 +61,9 @@ def check_bridge_sends_the_racks_average(steps):
 
 
 def check_evaluation_folds_the_average_in_flight(steps):
-    """Evaluating the model (``model.eval()``) folds in the average in flight first, on the evaluating rank
-    alone: rank 0's model is then the mean of what the ranks computed (an average at every step, so no local
-    progress since it was sent), while a forward pass in training mode leaves the average in flight."""
+    """Evaluating the model (``model.eval()`` under ``torch.no_grad()``) folds in the average in flight first, on
+    the evaluating rank alone: rank 0's model is then the mean of what the ranks computed (an average at every
+    step, so no local progress since it was sent); a forward pass that may train leaves it in flight."""
     model, opt, _ = train(steps, overlap=True, average_every=1, schedule="shuffle", num_groups=1)
     want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
     got = model.weight.detach().reshape(-1)
@@ -73,6 +73,8 @@ def check_evaluation_folds_the_average_in_flight(steps):
         model(torch.ones(1, 3))
         check(opt.in_flight, "a forward pass in training mode folded the average in")
         model.eval()
+        model(torch.ones(1, 3))
+        check(opt.in_flight, "a forward pass in eval mode with gradients (frozen BatchNorm) folded the average in")
         with torch.no_grad():
             model(torch.ones(1, 3))
         got = model.weight.detach().reshape(-1)
