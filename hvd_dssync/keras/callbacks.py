@@ -92,9 +92,10 @@ class SyncStatsCallback(tf.keras.callbacks.Callback):
     ``logs["dssync_bytes_sent"]`` is counted from the schedule: a step's allreduce over a group of ``k``
     ranks sends ``2 (k - 1) / k`` of the averaged bytes (ring allreduce), gradients in warm-up steps, the
     model otherwise. Embedding tables averaged by their rows (``sparse_average``) count the rows moved and
-    the ids gathered, and ``logs["dssync_row_set"]`` is this rank's rows in play at the epoch's end. ``logs["dssync_sync_seconds"]`` is the wall time from the start of each step's
-    allreduce to the end of its assignment, taken in the traced step (waiting for slower group members
-    included), as the PyTorch adapter's ``opt.last_sync["seconds"]``.
+    the ids gathered, and ``logs["dssync_row_set"]`` is this rank's rows in play at the epoch's end.
+    ``logs["dssync_sync_seconds"]`` is the wall time from the start of each step's allreduce to the end of its
+    assignment, taken in the traced step (waiting for slower group members included), as the PyTorch adapter's
+    ``opt.last_sync["seconds"]``.
 
     Under ``policy="adaptive"`` it also runs the policy: after every step it notes the step's seconds in
     and out of the averaging, and at each decision step it gathers the ranks' figures and sets the next

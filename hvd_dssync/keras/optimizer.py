@@ -316,13 +316,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             and is folded in at the first step that finds it done, at the latest where the next average starts
             (``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`);
             ``synchronize_models``, the exit and ``SynchronizeModelsCallback`` before an evaluation fold it in
-            first (:meth:`synchronize`). Not with a lossy
-            ``compression``, the adaptive policy or elastic Horovod; embedding tables are then averaged
-            densely. None (the default): where the averages cross hosts, a trial of both ways after the
-            warm-up decides, alike on every rank (:mod:`hvd_dssync.overlap`; :attr:`overlap` is None until
-            then), as in the PyTorch adapter; off on one host, under elastic Horovod, with a lossy
-            ``compression``, the adaptive policy or a table averaged by its rows. False: every average is
-            waited for.
+            first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
+            Horovod; embedding tables are then averaged densely. None (the default): where the averages cross
+            hosts, a trial of both ways after the warm-up decides, alike on every rank (:mod:`hvd_dssync.overlap`;
+            :attr:`overlap` is None until then), as in the PyTorch adapter; off on one host, under elastic
+            Horovod, with a lossy ``compression``, the adaptive policy or a table averaged by its rows. False:
+            every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
             same object builds the PyTorch optimizer and registers the groups: :func:`init`,
             :func:`add_process_set_groups`); with it, the keywords above keep their defaults. Its

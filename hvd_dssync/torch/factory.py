@@ -88,9 +88,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
         overlap: True starts each average asynchronously: it runs behind the local steps that follow and is
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
             latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
-            evaluating ``model`` fold it in first. None (the default): in a job of several hosts, decided by a trial after the warm-up, on
-            where it makes the steps shorter (``hvd_dssync.overlap``; off on one host, with a lossy
-            compression, sparse averaging or the adaptive policy). False: every average is waited for.
+            evaluating ``model`` fold it in first. None (the default): in a job of several hosts, decided by a
+            trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
+            host, with a lossy compression, sparse averaging or the adaptive policy). False: every average is
+            waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning
             rate 1): the parameters move by ``m <- outer_momentum * m + change of the averaged model since

@@ -87,7 +87,8 @@ def job_topology(spec=None):
     Example::
 
         topology = dss.job_topology([[0, 1], [2, 3]])   # two racks of two ranks
-        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="topology", topology=topology)
+        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), schedule="topology",
+                                       topology=topology)
     """
     return resolve_topology(spec, hvd.size(),
                             lambda: hvd.allgather_object(host_name(), name="dssync.hostnames"))

@@ -72,7 +72,7 @@ def in_training():
 
 
 def finish_pending_averages():
-    """Fold in every averaging still in flight (``overlap=True``); a collective on every rank.
+    """Fold in every averaging still in flight (``overlap=True``), each rank waiting for its own ops.
 
     Example::
 

@@ -10,9 +10,9 @@ The optimizer is Horovod's interface over parts with one job each, which it hold
 each needs: the averaging (:mod:`.averaging`), the sparse rows of embedding tables (:mod:`.sparse_rows`), the
 adaptive policy's figures (:mod:`.adaptive_step`), the step guard (:mod:`.step_guard`), sensing the racks
 again (:mod:`.resensing`). Each call hands them the world the step runs in (:class:`hvd_dssync.world.World`:
-plan, scope, process set, joined ranks) and the step; the averaging returns what it did (:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It
-uses mixed precision's helpers (:mod:`.amp`), Horovod's argument rules (:mod:`.arguments`) and writes its
-checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`)
+plan, scope, process set, joined ranks) and the step; the averaging returns what it did
+(:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It uses mixed precision's helpers (:mod:`.amp`),
+Horovod's argument rules (:mod:`.arguments`) and writes its checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`)
 reach the live optimizers through :mod:`.live`.
 
 Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world, the next ``step()``
@@ -230,7 +230,9 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
 
     def finish_pending(self):
-        """Fold in an averaging still in flight (``overlap=True``); a collective on every rank."""
+        """Fold in an averaging still in flight (``overlap=True``), waiting for this rank's own op; it issues no
+        other op, so one rank may call it alone (before reading its model); ``synchronize_models`` calls it on
+        every rank."""
         if self._world_changed():
             self._averaging.drop_pending()  # it died with the old world: the model keeps this rank's update
             return
