@@ -112,7 +112,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
             self._averaging.warm_window_sets(self._world())
         watch_until_exit(self)
         if model is not None and config.overlap is not False:
-            model.register_forward_pre_hook(_fold_before_evaluation(weakref.ref(self)))
+            hook = model.register_forward_pre_hook(_fold_before_evaluation(weakref.ref(self)))
+            weakref.finalize(self, hook.remove)  # an optimizer built again for the model leaves one hook
 
     # --- what users see ---------------------------------------------------------------------
 
