@@ -12,8 +12,8 @@ adaptive policy's figures (:mod:`.adaptive_step`), the step guard (:mod:`.step_g
 again (:mod:`.resensing`). Each call hands them the world the step runs in (:class:`hvd_dssync.world.World`:
 plan, scope, process set, joined ranks) and the step; the averaging returns what it did
 (:class:`hvd_dssync.world.Done`), which becomes ``last_sync``. It uses mixed precision's helpers (:mod:`.amp`),
-Horovod's argument rules (:mod:`.arguments`) and writes its checkpoint entry with :mod:`.checkpoint`. The exit drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`)
-reach the live optimizers through :mod:`.live`.
+Horovod's argument rules (:mod:`.arguments`) and writes its checkpoint entry with :mod:`.checkpoint`. The exit
+drain (:mod:`.exit`) and ``hvd.join()`` (:mod:`.uneven`) reach the live optimizers through :mod:`.live`.
 
 Elastic Horovod: when ``hvd.elastic.run`` re-initializes Horovod for a new world, the next ``step()``
 notices it (this rank, the world size or the registered process sets changed), rebuilds the schedule for
@@ -422,4 +422,3 @@ def _fold_before_evaluation(optimizer_ref):
         if not module.training and not torch.is_grad_enabled() and optimizer is not None and optimizer.in_flight:
             optimizer.finish_pending()
     return hook
-

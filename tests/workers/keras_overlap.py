@@ -43,10 +43,15 @@ def weights(kernel):
     return hvd_tf.allgather_object(float(kernel.numpy().reshape(-1)[0]), name="test.weights")
 
 
+def computed_mean(steps):
+    """The mean of what the ranks computed in ``steps`` steps, which every average keeps."""
+    return -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+
+
 def check_stale_fold_is_exact(steps, **kwargs):
     model, _, kernel = train(steps, **kwargs)
     dss.synchronize_models(model)
-    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    want = computed_mean(steps)
     got = kernel.numpy().reshape(-1)
     check(np.allclose(got, want, atol=1e-5),
           f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
@@ -82,7 +87,7 @@ with behaviour("what overlap cannot follow is refused"):
 with behaviour("SynchronizeModelsCallback folds in the average in flight before an evaluation, on that rank alone"):
     steps = 6
     model, opt, kernel = train(steps, schedule="shuffle", num_groups=1, average_every=1)
-    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+    want = computed_mean(steps)
     flight = opt._dssync.averaging.overlapped.flight
     check(flight.pending and not np.allclose(kernel.numpy(), want, atol=1e-5),
           f"before evaluating: pending {flight.pending}, weights {kernel.numpy().reshape(-1).tolist()}")

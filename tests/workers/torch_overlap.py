@@ -37,14 +37,24 @@ def train(steps, **kwargs):
     return model, opt, kinds
 
 
+def computed_mean(steps):
+    """The mean of what the ranks computed in ``steps`` steps, which every average keeps."""
+    return -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
+
+
+def holds(model, value):
+    """Whether every weight of ``model`` is ``value`` (to float32's rounding)."""
+    got = model.weight.detach().reshape(-1)
+    return torch.allclose(got, torch.full_like(got, value), atol=1e-5)
+
+
 def check_stale_fold_is_exact(steps, **kwargs):
     model, opt, kinds = train(steps, overlap=True, **kwargs)
     check("group" in kinds and "local" in kinds, f"kinds {kinds}")
     dss.synchronize_models(model)
-    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
-    got = model.weight.detach().reshape(-1)
-    check(torch.allclose(got, torch.full_like(got, want), atol=1e-5),
-          f"{kwargs}: after synchronize_models {got.tolist()}, want the mean of what the ranks computed {want}")
+    want = computed_mean(steps)
+    check(holds(model, want), f"{kwargs}: after synchronize_models {model.weight.detach().reshape(-1).tolist()}, "
+          f"want the mean of what the ranks computed {want}")
 
 
 def check_bridge_sends_the_racks_average(steps):
@@ -65,10 +75,10 @@ def check_evaluation_folds_the_average_in_flight(steps):
     the evaluating rank alone: rank 0's model is then the mean of what the ranks computed (an average at every
     step, so no local progress since it was sent); a forward pass that may train leaves it in flight."""
     model, opt, _ = train(steps, overlap=True, average_every=1, schedule="shuffle", num_groups=1)
-    want = -LR * steps * sum(r + 1 for r in range(SIZE)) / SIZE
-    got = model.weight.detach().reshape(-1)
-    check(opt.in_flight and not torch.allclose(got, torch.full_like(got, want), atol=1e-5),
-          f"before evaluating: in flight {opt.in_flight}, weights {got.tolist()} (the mean {want})")
+    want = computed_mean(steps)
+    check(opt.in_flight and not holds(model, want),
+          f"before evaluating: in flight {opt.in_flight}, weights {model.weight.detach().reshape(-1).tolist()} "
+          f"(the mean {want})")
     if RANK == 0:
         model(torch.ones(1, 3))
         check(opt.in_flight, "a forward pass in training mode folded the average in")
@@ -77,13 +87,11 @@ def check_evaluation_folds_the_average_in_flight(steps):
         check(opt.in_flight, "a forward pass in eval mode with gradients (frozen BatchNorm) folded the average in")
         with torch.no_grad():
             model(torch.ones(1, 3))
-        got = model.weight.detach().reshape(-1)
-        check(not opt.in_flight and torch.allclose(got, torch.full_like(got, want), atol=1e-5),
-              f"after evaluating: in flight {opt.in_flight}, weights {got.tolist()}, want the mean {want}")
+        check(not opt.in_flight and holds(model, want), f"after evaluating: in flight {opt.in_flight}, weights "
+              f"{model.weight.detach().reshape(-1).tolist()}, want the mean {want}")
         model.train()
     dss.synchronize_models(model)
-    got = model.weight.detach().reshape(-1)
-    check(torch.allclose(got, torch.full_like(got, want), atol=1e-5), f"after synchronize_models {got.tolist()}")
+    check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}")
 
 
 def check_one_host_runs_no_trial():
