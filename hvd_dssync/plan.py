@@ -198,15 +198,19 @@ class SyncPlan:
         return config
 
 
-def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=False, sparse=False):
+def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=False, sparse=False,
+                           overlapped=False):
     """Whether a schedule's global averages go through the racks (``global_via_bridges``) in this optimizer.
 
     Not where the schedule does not ask for it. Where it asks and the optimizer cannot honour it (the Keras
     adapter; a lossy compression, whose reference moves with one average over every rank; the adaptive
     policy, which times its global averages as one; sparse averaging, whose row sets are gathered over every
     rank): ``global_via_bridges=True`` raises a ``ValueError`` naming what stands in the way, ``"auto"`` (the
-    default on racks in the PyTorch adapter) averages over every rank at once. A pure function of its
-    arguments: every rank decides or raises alike. No communication.
+    default on racks in the PyTorch adapter) averages over every rank at once. ``overlapped``: this global
+    average runs behind the local steps (``overlap``); ``"auto"`` sends it over every rank at once, one op that
+    runs on its own, where the route's three averages would each wait for the one before; True keeps the
+    route, waited for (the factory refuses ``overlap=True`` beside it). A pure function of its arguments:
+    every rank decides or raises alike. No communication.
 
     Example::
 
@@ -217,6 +221,8 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
         >>> routes_global_averages(t, "PyTorch"), routes_global_averages(TopologyAware(racks), "PyTorch")
         (True, False)
         >>> routes_global_averages(TopologyAware(racks, global_via_bridges="auto"), "PyTorch", sparse=True)
+        False
+        >>> routes_global_averages(TopologyAware(racks, global_via_bridges="auto"), "PyTorch", overlapped=True)
         False
         >>> routes_global_averages(t, "PyTorch", adaptive=True)
         Traceback (most recent call last):
@@ -234,7 +240,7 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
         raise ValueError(f"Arg ``schedule_options``: global_via_bridges=True cannot be honoured with "
                          f"{' or '.join(beside)}; its global averages go through the racks in three averages, "
                          'waited for. Leave it out (or pass "auto") to average over every rank at once there.')
-    return not beside
+    return not beside and not (overlapped and asked == "auto")
 
 
 def carry_fate(kind):

@@ -162,10 +162,13 @@ class Averaging:
         if self.compression is not hvd.Compression.none and self._reference is None:
             return self._establish_reference(world, action, step)
         route = world.plan.global_route(step)
-        # The tables averaged by their rows are agreed by every rank at the first step after the warm-up.
+        # The tables averaged by their rows are agreed by every rank at the first step after the warm-up. An
+        # overlapped global average goes over every rank at once where the route is "auto": one op runs behind
+        # the local steps, the route's three would each wait for the one before.
         if route is not None and routes_global_averages(
                 world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
-                adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None):
+                adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
+                overlapped=self.overlap):
             return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:

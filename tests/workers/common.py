@@ -178,6 +178,10 @@ STALE_FOLD_CASES = [
      dict(schedule="shuffle", num_groups=2, average_every=3)),
     ("a stale average is folded in exactly (racks, exact bridges, every 4 steps)", 29,
      dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=4)),
+    # The default's rhythm on racks: an overlapped global average goes over every rank at once.
+    ("a stale global average is folded in exactly (racks every 2 steps, every rank every 4)", 21,
+     dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=2, global_every=4,
+          schedule_options={"intra_steps": None, "global_via_bridges": "auto"})),
 ]
 BRIDGE_EVERY_STEP = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=1,
                          schedule_options={"intra_steps": 1})

@@ -28,12 +28,13 @@ def train(steps, **kwargs):
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters(), model=model, **kwargs)
     c = torch.full((1, 3), float(RANK + 1))
-    kinds = []
+    kinds, train.in_flight = [], []
     for _ in range(steps):
         opt.zero_grad()
         (model.weight * c).sum().backward()
         opt.step()
         kinds.append((opt.last_sync or {}).get("kind"))  # None: nothing folded in yet
+        train.in_flight.append(opt.in_flight)
     return model, opt, kinds
 
 
@@ -51,6 +52,10 @@ def holds(model, value):
 def check_stale_fold_is_exact(steps, **kwargs):
     model, opt, kinds = train(steps, overlap=True, **kwargs)
     check("group" in kinds and "local" in kinds, f"kinds {kinds}")
+    if kwargs.get("global_every"):  # the global averages ran behind the steps too, not waited for
+        plan = SyncPlan(rank=RANK, world_size=SIZE, **kwargs)
+        waited = [t for t in range(steps - 1) if plan.action(t).kind == "global" and not train.in_flight[t]]
+        check("global" in kinds and not waited, f"kinds {kinds}; global averages waited for at steps {waited}")
     dss.synchronize_models(model)
     want = computed_mean(steps)
     check(holds(model, want), f"{kwargs}: after synchronize_models {model.weight.detach().reshape(-1).tolist()}, "
@@ -94,6 +99,17 @@ def check_evaluation_folds_the_average_in_flight(steps):
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}")
 
 
+def check_route_refused_beside_overlap():
+    """Global averages sent through the racks on demand (``global_via_bridges=True``) cannot run behind the
+    local steps: ``overlap=True`` beside it is refused, on every rank alike."""
+    model = torch.nn.Linear(3, 1, bias=False)
+    common.expect_error(ValueError, ["overlap=True", "global_via_bridges=True", '"auto"'],
+                        lambda: dss.DistributedOptimizer(
+                            torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters(),
+                            overlap=True, schedule="topology", topology=[[0, 1], [2, 3]], global_every=4,
+                            schedule_options={"intra_steps": None, "global_via_bridges": True}))
+
+
 def check_one_host_runs_no_trial():
     """On one host (this job) ``overlap=None`` is off from the start: nothing to hide an average behind."""
     _, opt, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
@@ -107,6 +123,8 @@ with behaviour("an exact bridge after an overlapped rack average sends the rack'
     check_bridge_sends_the_racks_average(10)
 with behaviour("evaluating the model folds in the average in flight, on that rank alone"):
     check_evaluation_folds_the_average_in_flight(6)
+with behaviour("overlap=True beside global averages through the racks on demand is refused"):
+    check_route_refused_beside_overlap()
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)
