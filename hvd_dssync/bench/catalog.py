@@ -5,7 +5,7 @@ metric that evaluates them): plain data and pure functions, PyTorch imported onl
 """
 
 __all__ = ["CONTENDERS", "DSSYNC_CONTENDERS", "TRIAL", "HOROVOD_BSP", "POSTLOCAL", "AVERAGER_PERIODS", "ALONE", "DEFAULT",
-           "DEFAULT_VARIANTS", "dssync_arguments", "period_of", "build_model", "higher_target"]
+           "DEFAULT_VARIANTS", "DEFAULT_ARGUMENTS", "dssync_arguments", "period_of", "build_model", "higher_target"]
 
 # DS-Sync's contenders: the schedule each averages in, and whether it takes local steps (averaging on
 # one step in ``local_period``, as often as PostLocalSGD's periodic averager, instead of on every step).
@@ -25,6 +25,7 @@ DSSYNC_CONTENDERS = {
     "dssync-default-loop": ("default", False),
     "dssync-default-negotiated": ("default", False),
     "dssync-default-resense": ("default", False),
+    "dssync-default-overlap": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
@@ -91,6 +92,9 @@ DEFAULT = "dssync-default"
 DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
                     "dssync-default-negotiated": {"HVD_DSSYNC_ORDERED_SETS": "0"},
                     "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"}}
+# The plain swap with one argument more: "-overlap": ``overlap=True``, every average behind the local steps from
+# the first (no trial).
+DEFAULT_ARGUMENTS = {"dssync-default-overlap": {"overlap": True}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
 # CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical

@@ -21,9 +21,9 @@ import warnings
 
 import numpy as np
 
-from hvd_dssync.bench.catalog import (ALONE, CONTENDERS, DEFAULT, DEFAULT_VARIANTS, DYNAMIC_SETS, FP16, HOROVOD_BSP,
-                                      IDLE_SETS, OUTER_MOMENTUM, OVERLAP, POLICY, POSTLOCAL, TRIAL, build_model,
-                                      dssync_arguments, period_of)
+from hvd_dssync.bench.catalog import (ALONE, CONTENDERS, DEFAULT, DEFAULT_ARGUMENTS, DEFAULT_VARIANTS, DYNAMIC_SETS,
+                                      FP16, HOROVOD_BSP, IDLE_SETS, OUTER_MOMENTUM, OVERLAP, POLICY, POSTLOCAL, TRIAL,
+                                      build_model, dssync_arguments, period_of)
 from hvd_dssync.bench.metric import SNAPSHOT_BUDGET_BYTES, Snapshots, load_data, snapshot_every
 from hvd_dssync.bench.scenarios import slow_rank
 from hvd_dssync.topology import loopback_hostname_warning
@@ -94,10 +94,11 @@ def _make_contender(name, model, config, rank, size):
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                            named_parameters=model.named_parameters())
             sync = None
-        elif name == DEFAULT or name in DEFAULT_VARIANTS:
+        elif name == DEFAULT or name in DEFAULT_VARIANTS or name in DEFAULT_ARGUMENTS:
             hvd.init()  # importing hvd_dssync.torch enabled dynamic process sets
             base = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-            opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters())
+            opt = dss.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                           **DEFAULT_ARGUMENTS.get(name, {}))
             sync = lambda: (opt.last_sync["kind"], opt.last_sync.get("seconds", 0.0))  # noqa: E731
         else:
             kwargs = dssync_arguments(name, config)
