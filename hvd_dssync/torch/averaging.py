@@ -37,7 +37,10 @@ class Averaging:
         model: the module whose floating-point buffers are averaged too, or None.
         average_buffers: False keeps the buffers local.
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
-            in once done, at the latest where the next average starts.
+            in once done, at the latest where the next average starts. Given True, a global average on racks
+            goes over every rank at once, one op behind the steps (where the route is "auto"); where a trial
+            turns overlap on later (``overlap`` set per step), global averages keep their route, waited for,
+            as the trial timed them.
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
 
@@ -61,6 +64,7 @@ class Averaging:
         self.model = model
         self.average_buffers = average_buffers
         self.overlap = overlap
+        self.overlaps_globals = overlap  # overlap=True: the global averages too, over every rank at once
         self.compression = compression
         self.outer_momentum = outer_momentum
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
@@ -162,13 +166,15 @@ class Averaging:
         if self.compression is not hvd.Compression.none and self._reference is None:
             return self._establish_reference(world, action, step)
         route = world.plan.global_route(step)
-        # The tables averaged by their rows are agreed by every rank at the first step after the warm-up. An
-        # overlapped global average goes over every rank at once where the route is "auto": one op runs behind
-        # the local steps, the route's three would each wait for the one before.
+        # The tables averaged by their rows are agreed by every rank at the first step after the warm-up. With
+        # overlap=True a global average goes over every rank at once where the route is "auto": one op runs
+        # behind the local steps, the route's three would each wait for the one before. The trial of overlap
+        # keeps the route: where a ring over every rank cannot hide behind a period (a slow link, short
+        # steps), its overlapped half cost more than the route waited for (docs/tuning.md).
         if route is not None and routes_global_averages(
                 world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
-                overlapped=self.overlap):
+                overlapped=self.overlap and self.overlaps_globals):
             return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:
