@@ -52,7 +52,7 @@ def network(rate):
 
 def seen():
     return dict(opt.sensed, schedule=type(opt.schedule).__name__, average_every=opt.policy.average_every,
-                groups=[list(g) for g in opt.schedule.groups(opt.sync_step)])
+                groups=[list(g) for g in opt.schedule.groups(opt.sync_step)], overlap=opt.overlap)
 
 
 check(opt.sensed["how"] == "measured" and opt.sensed["racks"] is None, f"built on {opt.sensed}")
