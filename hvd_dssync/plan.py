@@ -205,12 +205,10 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     Not where the schedule does not ask for it. Where it asks and the optimizer cannot honour it (the Keras
     adapter; a lossy compression, whose reference moves with one average over every rank; the adaptive
     policy, which times its global averages as one; sparse averaging, whose row sets are gathered over every
-    rank): ``global_via_bridges=True`` raises a ``ValueError`` naming what stands in the way, ``"auto"`` (the
-    default on racks in the PyTorch adapter) averages over every rank at once. ``overlapped``: this global
-    average runs behind the local steps (``overlap``); ``"auto"`` sends it over every rank at once, one op that
-    runs on its own, where the route's three averages would each wait for the one before; True keeps the
-    route, waited for (the factory refuses ``overlap=True`` beside it). A pure function of its arguments:
-    every rank decides or raises alike. No communication.
+    rank; ``overlap=True``, whose average runs behind the local steps as one op, where the route's three
+    averages would each wait for the one before): ``global_via_bridges=True`` raises a ``ValueError`` naming
+    what stands in the way, ``"auto"`` (the default on racks in the PyTorch adapter) averages over every rank
+    at once. A pure function of its arguments: every rank decides or raises alike. No communication.
 
     Example::
 
@@ -233,14 +231,14 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     if not asked:
         return False
     beside = [what for what, given in (("a lossy compression", lossy_compression), ('policy="adaptive"', adaptive),
-                                      ("sparse_average", sparse)) if given]
+                                      ("sparse_average", sparse), ("overlap=True", overlapped)) if given]
     if adapter != "PyTorch":
         beside.insert(0, f"the {adapter} adapter (PyTorch's only)")
     if beside and asked is True:
         raise ValueError(f"Arg ``schedule_options``: global_via_bridges=True cannot be honoured with "
                          f"{' or '.join(beside)}; its global averages go through the racks in three averages, "
                          'waited for. Leave it out (or pass "auto") to average over every rank at once there.')
-    return not beside and not (overlapped and asked == "auto")
+    return not beside
 
 
 def carry_fate(kind):

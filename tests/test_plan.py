@@ -98,11 +98,8 @@ def test_global_averages_through_the_racks_are_refused_where_they_cannot_be_hono
     for adapter, beside, words in (("Keras", {}, "the Keras adapter"),
                                    ("PyTorch", {"lossy_compression": True}, "a lossy compression"),
                                    ("PyTorch", {"adaptive": True}, 'policy="adaptive"'),
-                                   ("PyTorch", {"sparse": True}, "sparse_average")):
+                                   ("PyTorch", {"sparse": True}, "sparse_average"),
+                                   ("PyTorch", {"overlapped": True}, "overlap=True")):
         with pytest.raises(ValueError, match=f"global_via_bridges=True cannot be honoured with {words}"):
             routes_global_averages(routed, adapter, **beside)
         assert not routes_global_averages(auto, adapter, **beside)  # "auto": over every rank at once there
-    # An overlapped global average: "auto" sends it over every rank at once (one op behind the local steps);
-    # True keeps the route, waited for (the factory refuses overlap=True beside it).
-    assert not routes_global_averages(auto, "PyTorch", overlapped=True)
-    assert routes_global_averages(routed, "PyTorch", overlapped=True)

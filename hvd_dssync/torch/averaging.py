@@ -174,7 +174,7 @@ class Averaging:
         if route is not None and routes_global_averages(
                 world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
-                overlapped=self.overlap and self.overlaps_globals):
+                overlapped=self.overlaps_globals):
             return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:

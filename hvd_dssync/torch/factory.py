@@ -148,12 +148,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     # A rank outside the set validates as its ranks do (at the set's first position), then trains alone.
     plan = SyncPlan.from_config(0 if scope.outside else scope.rank, scope.world_size, config)
     routes_global_averages(plan.schedule, "PyTorch", lossy_compression=compression is not hvd.Compression.none,
-                           adaptive=plan.adaptive is not None)
-    if config.overlap and plan.schedule.global_via_bridges is True:
-        raise ValueError("Arg ``overlap``: overlap=True cannot run behind the local steps the global averages that "
-                         "global_via_bridges=True sends through the racks (three averages, each waiting for the one "
-                         'before); leave global_via_bridges out (or pass "auto") to overlap them over every rank at '
-                         "once.")
+                           adaptive=plan.adaptive is not None, overlapped=config.overlap is True)
     if in_process_set and plan.schedule.window_steps is not None:
         raise ValueError(f"Arg ``process_set``: the schedule {plan.schedule!r} changes its groups every "
                          f"{plan.schedule.window_steps} steps, but inside a process set the groups are registered "

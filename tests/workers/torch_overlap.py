@@ -28,14 +28,14 @@ def train(steps, **kwargs):
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                    named_parameters=model.named_parameters(), model=model, **kwargs)
     c = torch.full((1, 3), float(RANK + 1))
-    kinds, train.in_flight = [], []
+    kinds, in_flight = [], []
     for _ in range(steps):
         opt.zero_grad()
         (model.weight * c).sum().backward()
         opt.step()
         kinds.append((opt.last_sync or {}).get("kind"))  # None: nothing folded in yet
-        train.in_flight.append(opt.in_flight)
-    return model, opt, kinds
+        in_flight.append(opt.in_flight)
+    return model, opt, kinds, in_flight
 
 
 def computed_mean(steps):
@@ -50,11 +50,11 @@ def holds(model, value):
 
 
 def check_stale_fold_is_exact(steps, **kwargs):
-    model, opt, kinds = train(steps, overlap=True, **kwargs)
+    model, opt, kinds, in_flight = train(steps, overlap=True, **kwargs)
     check("group" in kinds and "local" in kinds, f"kinds {kinds}")
     if kwargs.get("global_every"):  # the global averages ran behind the steps too, not waited for
         plan = SyncPlan(rank=RANK, world_size=SIZE, **kwargs)
-        waited = [t for t in range(steps - 1) if plan.action(t).kind == "global" and not train.in_flight[t]]
+        waited = [t for t in range(steps - 1) if plan.action(t).kind == "global" and not in_flight[t]]
         check("global" in kinds and not waited, f"kinds {kinds}; global averages waited for at steps {waited}")
     dss.synchronize_models(model)
     want = computed_mean(steps)
@@ -66,7 +66,7 @@ def check_bridge_sends_the_racks_average(steps):
     """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
     holds the local step taken before the rack's average was folded in."""
     options = common.BRIDGE_EVERY_STEP
-    model, opt, kinds = train(steps, overlap=True, **options)
+    model, opt, kinds, _ = train(steps, overlap=True, **options)
     check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
     want = overlapped_reference(plan, SIZE, steps, LR)[0][-1]
@@ -79,7 +79,7 @@ def check_evaluation_folds_the_average_in_flight(steps):
     """Evaluating the model (``model.eval()`` under ``torch.no_grad()``) folds in the average in flight first, on
     the evaluating rank alone: rank 0's model is then the mean of what the ranks computed (an average at every
     step, so no local progress since it was sent); a forward pass that may train leaves it in flight."""
-    model, opt, _ = train(steps, overlap=True, average_every=1, schedule="shuffle", num_groups=1)
+    model, opt, _, _ = train(steps, overlap=True, average_every=1, schedule="shuffle", num_groups=1)
     want = computed_mean(steps)
     check(opt.in_flight and not holds(model, want),
           f"before evaluating: in flight {opt.in_flight}, weights {model.weight.detach().reshape(-1).tolist()} "
@@ -112,7 +112,7 @@ def check_route_refused_beside_overlap():
 
 def check_one_host_runs_no_trial():
     """On one host (this job) ``overlap=None`` is off from the start: nothing to hide an average behind."""
-    _, opt, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
+    _, opt, _, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
     check(opt.overlap is False, f"overlap {opt.overlap} on one host")
 
 
