@@ -435,18 +435,20 @@ def _on_four_hosts_in_two_racks(worker, contender, timeout, inter_mbit=20, env=N
 def test_rack_average_cost_script_times_both_libraries():
     """hvd_dssync/bench/experiments/rack_average_cost.py, tiny: 4 ranks in 2 racks, a rack's average beside
     another set's op (row 5 alone, for the suite's time), each timed through Horovod
-    (ordered sets and every op in the loop; a 2 ms cycle) and PyTorch; a row that is not there is refused."""
+    (ordered sets and every op in the loop; a 2 ms cycle) and PyTorch, the smallest model (``--hidden 4``);
+    a row that is not there is refused."""
     script = f"{ROOT}/hvd_dssync/bench/experiments/rack_average_cost.py"
     refused = subprocess.run([sys.executable, script, "--rows", "2,6"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--rows: expected rows among 1-5" in refused.stderr, refused.stderr
     proc = subprocess.run([sys.executable, script, "--ranks", "4", "--racks", "2", "--local", "1", "--iterations",
-                           "2", "--timeout", "60", "--rows", "5", "--cycle-time-ms", "2", "--horovod", "ordered,loop"],
+                           "2", "--timeout", "60", "--rows", "5", "--cycle-time-ms", "2", "--horovod", "ordered,loop",
+                           "--hidden", "4"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     failures = [line for line in proc.stderr.splitlines() if line.startswith(("  horovod", "  torch"))]
     assert "failed" not in proc.stdout and failures == [], proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "Horovod" not in line]
-    assert "HOROVOD_CYCLE_TIME 2 ms" in proc.stdout, proc.stdout
+    assert "HOROVOD_CYCLE_TIME 2 ms" in proc.stdout and "a model of 1,320 bytes" in proc.stdout, proc.stdout
     assert [row.split(" | ")[0] for row in rows] == ["| none; the last rack's, while ranks 0 and 1 average 5 MB"]
     assert "| Horovod, ordered sets | every op in Horovod's loop | torch.distributed" in proc.stdout, proc.stdout
     for row in rows:

@@ -1,7 +1,8 @@
 """What one average inside a rack costs through Horovod process sets and through ``torch.distributed``
 subgroups, side by side on the bench's emulated cluster.
 
-Every rank takes ``--local`` steps of the bench's MLP, then averages its model (1.2 MB) with its rack,
+Every rank takes ``--local`` steps of the bench's MLP, then averages its model (1.2 MB; ``--hidden 4``:
+1.3 kB, what an op costs whatever its size) with its rack,
 ``--iterations`` times (40) after 5 untimed ones; the figure is the time of one iteration, the median
 over the ranks. Four rows, each a Horovod job and a PyTorch job: the local steps alone (the compute's
 share, no average); the local steps, then the average; each local step replaced by a sleep of
@@ -53,7 +54,7 @@ def _train_steps(model, optimizer, x, y, iteration, local, sleep):
         optimizer.step()
 
 
-def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5, beside=False):
+def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5, beside=False, hidden=512):
     """One rank: ``local`` steps then the rack's average (none without ``averages``), timed; prints the
     ranks' figures on rank 0. ``beside``: ranks 0 and 1 average :data:`BESIDE_BYTES` between themselves
     instead, the first rack's other ranks do nothing, the other racks average as before."""
@@ -87,7 +88,7 @@ def worker(library, racks, local, sleep, averages=True, iterations=40, warmup=5,
         sets = [dist.new_group(list(range(bounds[k], bounds[k + 1]))) for k in range(len(racks))]
         pair = dist.new_group([0, 1]) if beside else None
     mine = next(k for k in range(len(racks)) if bounds[k] <= rank < bounds[k + 1])
-    model = build_model(512, 0)
+    model = build_model(hidden, 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y, _, _ = load_data(0)
     x, y = torch.from_numpy(x[rank::size]), torch.from_numpy(y[rank::size])
@@ -133,19 +134,20 @@ def _figures(output):
     return None
 
 
-def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False, cycle_time_ms=None):
+def run_job(bed, library, racks, local, sleep, averages, iterations, timeout, beside=False, cycle_time_ms=None,
+            hidden=512):
     """One job on ``bed``; the ranks' milliseconds per iteration, or the reason there are none.
     ``library`` "horovod": the sets ordered; "horovod-negotiated": concurrent process sets, each op negotiated
     (``HOROVOD_ORDERED_PROCESS_SETS=0``); "horovod-loop": every op in Horovod's background loop, as released
     (``HOROVOD_PROCESS_SETS_ASYNC=0`` on the project's build). ``cycle_time_ms``: Horovod's
-    ``HOROVOD_CYCLE_TIME`` (its own default, 1 ms, when None)."""
+    ``HOROVOD_CYCLE_TIME`` (its own default, 1 ms, when None). ``hidden``: the MLP's width."""
     loop_bound = library == "horovod-loop"
     negotiated = library in ("horovod-loop", "horovod-negotiated")
     library = "horovod" if library.startswith("horovod") else library
     from hvd_dssync.bench.launchers import head_command, launch_command, launch_env
 
     argv = [sys.executable, os.path.abspath(__file__), "--worker", library, "--racks-list", json.dumps(racks),
-            "--local", str(local), "--sleep", str(sleep), "--iterations", str(iterations),
+            "--local", str(local), "--sleep", str(sleep), "--iterations", str(iterations), "--hidden", str(hidden),
             *(() if averages else ("--no-averages",)), *(("--beside",) if beside else ())]
     with tempfile.TemporaryDirectory() as agent_dir:
         if library == "horovod":
@@ -201,6 +203,8 @@ def main(argv=None):
                         help="which of Horovod's ways to time, comma-separated (default: all)")
     parser.add_argument("--cycle-time-ms", type=positive_float, default=None,
                         help="HOROVOD_CYCLE_TIME for the Horovod jobs (default: Horovod's, 1 ms)")
+    parser.add_argument("--hidden", type=int, default=512,
+                        help="the MLP's width (512: 1.2 MB averaged; 4: 1.3 kB, what an op costs whatever its size)")
     parser.add_argument("--worker", choices=("horovod", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--racks-list", help=argparse.SUPPRESS)
     parser.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -209,7 +213,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, json.loads(args.racks_list), args.local, args.sleep, not args.no_averages,
-               args.iterations, beside=args.beside)
+               args.iterations, beside=args.beside, hidden=args.hidden)
         return 0
     if args.racks < 1 or args.ranks < 2 * args.racks or args.ranks % args.racks:
         parser.error(f"--ranks {args.ranks} does not split into {args.racks} racks of at least 2 ranks each")
@@ -225,8 +229,11 @@ def main(argv=None):
             (f"none; the last rack's, while ranks 0 and 1 average {BESIDE_BYTES / 1e6:g} MB", 0, 0.0, True, True)]
     rows = [rows[k - 1] for k in args.rows]
     cycle = "unset (1 ms)" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g} ms"
-    print(f"{args.ranks} ranks in racks {racks}; hosts {args.intra_mbit:g} Mbit/s, between racks "
-          f"{args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
+    from hvd_dssync.bench.catalog import build_model
+
+    model_bytes = 4 * sum(p.numel() for p in build_model(args.hidden, 0).parameters())
+    print(f"{args.ranks} ranks in racks {racks}, a model of {model_bytes:,} bytes; hosts {args.intra_mbit:g} "
+          f"Mbit/s, between racks {args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
           flush=True)
     ways = args.horovod
     print(f"| local steps before each average | {' | '.join(HOROVOD_WAYS[w][1] for w in ways)} | "
@@ -237,13 +244,14 @@ def main(argv=None):
             cells = []
             for library in [HOROVOD_WAYS[w][0] for w in ways] + ["torch"]:
                 figures, failed = run_job(bed, library, racks, steps, pause, averages, args.iterations,
-                                          args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms)
+                                          args.timeout, beside=beside, cycle_time_ms=args.cycle_time_ms,
+                                          hidden=args.hidden)
                 if figures and beside:
                     figures = figures[sum(racks[:-1]):]  # the last rack's, beside the long average
                 cells.append(statistics.median(figures) if figures else None)
                 if failed:
                     print(f"  {library} ({label}): {failed}", file=sys.stderr, flush=True)
-            text = [f"{c:.0f}" if c is not None else "failed" for c in cells]
+            text = [("failed" if c is None else f"{c:.0f}" if c >= 10 else f"{c:.2f}") for c in cells]
             ratios = [f"{c / cells[-1]:.2f}x" if None not in (c, cells[-1]) else "-" for c in cells[:-1]]
             print(f"| {label} | {' | '.join(text)} | {' | '.join(ratios)} |", flush=True)
     return 0
