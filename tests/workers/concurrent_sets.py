@@ -3,8 +3,9 @@ in set A while ranks 2 and 3 run many small averages in set B. With the build's 
 (scripts/patches/concurrent-process-sets.patch) set B's averages all finish while set A's is still in
 flight; in Horovod as released every rank's background loop waits for A's op, so B's finish after it.
 
-Prints ``B FINISHED FIRST`` or ``B WAITED FOR A`` on rank 0 and checks every value. ``--big`` sets A's
-tensor (floats), ``--small-ops`` B's count.
+Prints ``B FINISHED FIRST`` or ``B WAITED FOR A`` (all of B's averages against A's), and ``B BEGAN BESIDE A``
+or ``B BEGAN AFTER A`` (B's first average against A's), on rank 0, and checks every value. ``--big`` sets
+A's tensor (floats), ``--small-ops`` B's count.
 """
 import argparse
 import time
@@ -28,6 +29,7 @@ big = torch.full((args.big,), float(RANK + 1))
 hvd.allreduce(torch.zeros(1000), process_set=set_a if RANK < 2 else set_b, name="warm")
 hvd.allreduce(torch.zeros(1), name="start")
 started = time.monotonic()
+first = 0.0  # when B's first average finished (ranks 2 and 3)
 if RANK in (0, 1):
     out = hvd.allreduce(big, op=hvd.Sum, process_set=set_a, name="a.big")
     check(out[0].item() == 3.0 and out[-1].item() == 3.0, f"set A summed {out[0].item()}")
@@ -36,11 +38,15 @@ else:
     for k in range(args.small_ops):
         out = hvd.allreduce(torch.tensor([float(RANK + k)]), op=hvd.Sum, process_set=set_b, name=f"b.{k}")
         check(out.item() == float(5 + 2 * k), f"set B op {k} summed {out.item()}")
+        if k == 0:
+            first = time.monotonic() - started
 finished = time.monotonic() - started
-times = hvd.allgather(torch.tensor([finished]), name="times").tolist()
-a_done, b_done = max(times[0], times[1]), max(times[2], times[3])
+times = hvd.allgather(torch.tensor([[finished, first]]), name="times").tolist()
+a_done, b_done = max(times[0][0], times[1][0]), max(times[2][0], times[3][0])
+b_first = max(times[2][1], times[3][1])
 if RANK == 0:
     verdict = "B FINISHED FIRST" if b_done < a_done else "B WAITED FOR A"
+    began = "B BEGAN BESIDE A" if b_first < a_done else "B BEGAN AFTER A"
     print(f"set A's {args.big * 4 / 1e6:.0f} MB average took {a_done:.2f} s; set B's {args.small_ops} averages "
-          f"finished at {b_done:.2f} s: {verdict}", flush=True)
+          f"finished at {b_done:.2f} s, its first at {b_first:.2f} s: {verdict}; {began}", flush=True)
 print(f"rank {RANK}: all checks passed", flush=True)
