@@ -1,7 +1,8 @@
 """One rank of a 4-rank job in which two process sets work at once: ranks 0 and 1 average a large tensor
 in set A while ranks 2 and 3 run many small averages in set B. With the build's concurrent process sets
 (scripts/patches/concurrent-process-sets.patch) set B's averages all finish while set A's is still in
-flight; in Horovod as released every rank's background loop waits for A's op, so B's finish after it.
+flight under Gloo, its first ones under MPI; in Horovod as released every rank's background loop waits for
+A's op, so B's finish after it, from the first.
 
 Prints ``B FINISHED FIRST`` or ``B WAITED FOR A`` (all of B's averages against A's), and ``B BEGAN BESIDE A``
 or ``B BEGAN AFTER A`` (B's first average against A's), on rank 0, and checks every value. ``--big`` sets

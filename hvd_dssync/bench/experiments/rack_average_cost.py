@@ -233,8 +233,8 @@ def main(argv=None):
 
     model_bytes = 4 * sum(p.numel() for p in build_model(args.hidden, 0).parameters())
     print(f"{args.ranks} ranks in racks {racks}, a model of {model_bytes:,} bytes; hosts {args.intra_mbit:g} "
-          f"Mbit/s, between racks {args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, median over the ranks",
-          flush=True)
+          f"Mbit/s, between racks {args.inter_mbit:g} Mbit/s; HOROVOD_CYCLE_TIME {cycle}; ms per iteration, "
+          "median over the ranks", flush=True)
     ways = args.horovod
     print(f"| local steps before each average | {' | '.join(HOROVOD_WAYS[w][1] for w in ways)} | "
           f"torch.distributed subgroups | "
