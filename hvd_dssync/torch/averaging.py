@@ -15,6 +15,7 @@ from ..differences import compress_difference, mix_difference
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
+from .global_in_flight import GlobalInFlight, carries_through_racks
 
 __all__ = ["Averaging"]
 
@@ -71,6 +72,7 @@ class Averaging:
         self._reference = None
         self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
         self._pending = None
+        self._global = GlobalInFlight()  # overlap=True on racks: a global average through the rack averages
         self._carry = None  # what an exact bridge left to add to this rank's next group average
         self._agreed = None  # the model right after this rank's last average: what an exact bridge sends
 
@@ -91,13 +93,16 @@ class Averaging:
         """The world changed: the average in flight died with it, the reference is set again, and a bridge's
         carry (for racks of the old world) is dropped."""
         self._pending = None
+        self._global.drop()
         self._reference = None
         self._carry = None
         self._agreed = None
 
     def follow_schedule(self):
         """The optimizer follows another schedule (the racks sensed again): a bridge's carry, for the racks of
-        the old one, is dropped. Nothing is in flight (the optimizer finished it)."""
+        the old one, is dropped. Nothing is in flight (the optimizer finished it on every rank), so neither is
+        the correction a global average in flight left to be taken out of rack averages."""
+        self._global.drop()
         self._carry = None
         self._agreed = None
 
@@ -105,11 +110,12 @@ class Averaging:
         """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
         model keeps this rank's own update."""
         self._pending = None
+        self._global.drop()
 
     @property
     def in_flight(self):
         """Whether an average runs behind the local steps (``overlap``), not yet folded in."""
-        return self._pending is not None
+        return self._pending is not None or self._global.in_flight
 
     @property
     def ordered_sets(self):
@@ -158,9 +164,17 @@ class Averaging:
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             # An average in flight runs on through the local steps and is folded in once done (a poll, never
             # a wait), at the latest where the next average starts.
-            landed = self.finish_pending(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
-            return Done(action) if landed is None else landed
-        finished = self.finish_pending(world)
+            landed = self._finish_group(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
+            folded = self._global.fold(world, guard, self._live()) if self._global.in_flight else None
+            return _both(landed, folded) or Done(action)
+        finished = self._finish_group(world)
+        if self._global.open:
+            # A global average in flight runs on through the rack averages (every average between two global
+            # ones stays inside the racks: carries_through_racks); every rank waits for it at the next global.
+            if action.kind == GROUP:
+                finished = _both(finished, self._global.fold(world, guard, self._live()))
+            else:
+                finished = _both(finished, self._global.close(world, guard, self._live()))
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
         self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
@@ -176,6 +190,10 @@ class Averaging:
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
                 overlapped=self.overlaps_globals):
             return self._average_through_racks(world, action, step, route)
+        if carries_through_racks(world.plan.schedule, action.kind, self.overlap and self.overlaps_globals,
+                                 plain=self.compression is hvd.Compression.none and world.plan.adaptive is None
+                                 and sparse.row_sets is None and not self.outer_momentum):
+            return self._start_global_in_flight(world, action, step, finished)
         process_set = self._process_set_of(world, action)
         if process_set is None:
             return Done(action)
@@ -202,7 +220,8 @@ class Averaging:
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
         if self.overlap:
-            sent = self._agreed_models(tensors) if bridge is not None else [t.detach().clone() for t in tensors]
+            sent = self._agreed_models(tensors) if bridge is not None else \
+                self._global.unfolded([t.detach().clone() for t in tensors])
             received = self._contribution([t.clone() for t in sent], bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
@@ -216,8 +235,9 @@ class Averaging:
             if self.compression is hvd.Compression.none and world.plan.adaptive is not None:
                 signature = self.adaptive.average(world, step, work, signature, name, process_set, action)
             elif self.compression is hvd.Compression.none:
-                collectives.grouped_allreduce_(work + [signature], name=name, op=hvd.Average,
+                collectives.grouped_allreduce_(self._global.unfolded(work) + [signature], name=name, op=hvd.Average,
                                                process_set=process_set)
+                self._global.refolded(work)
             else:
                 sent_bytes, signature = self._average_differences(work, action, process_set, name, signature)
         guard.check(world, signature * len(action.group), action, process_set, step)
@@ -232,6 +252,35 @@ class Averaging:
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
                     sparse_rows=sum(len(index) for _, index, _ in writes))
+
+    def _start_global_in_flight(self, world, action, step, finished):
+        """A global step's average run through the rack averages that follow (:mod:`.global_in_flight`): this
+        rank's rack averages, waited for on its fast links, then one op over every rank of the racks' models,
+        issued and left in flight. Returns what the step did: as at any overlapped step, the averages folded in
+        at this step (``finished``, where any), with this one's seconds and bytes added."""
+        tensors = self._live()
+        rack = next(tuple(r) for r in world.plan.schedule.racks if world.scope.rank in r)
+        rack_action = action._replace(kind=GROUP, group=rack)
+        rack_set = self._process_set_of(world, rack_action)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        sent_bytes = ring_allreduce_bytes(len(rack), nbytes) + ring_allreduce_bytes(world.scope.world_size, nbytes)
+        started = time.perf_counter()
+        signature = self.guard.signature(world, tensors, step)
+        if len(rack) > 1:
+            with self.guard.bounded(world, rack_action, step):
+                collectives.grouped_allreduce_(tensors + [signature], op=hvd.Average, process_set=rack_set,
+                                               name=f"{self.name}.global.rack.{rack_set.process_set_id}")
+            self.guard.check(world, signature * len(rack), rack_action, rack_set, step)
+            signature = self.guard.signature(world, tensors, step)
+        elif rack_set is not None:  # as many ops on every rank (see the group of one in average_model)
+            collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.0", op=hvd.Sum, process_set=rack_set)
+        self._global.start(tensors, signature, f"{self.name}.global.{world.process_set.process_set_id}",
+                           world.process_set, action, step, time.perf_counter() - started, sent_bytes)
+        return _both(Done(action, time.perf_counter() - started, sent_bytes), finished)
+
+    def _live(self):
+        """The tensors a step averages, as they are now (:meth:`tensors`' data)."""
+        return [t.data for _, t in self.tensors()]
 
     def _average_through_racks(self, world, action, step, route):
         """A global average through the racks (:class:`hvd_dssync.schedules.GlobalRoute`), waited for: the
@@ -281,7 +330,13 @@ class Averaging:
         return Done(action, time.perf_counter() - started, sent_bytes)
 
     def finish_pending(self, world):
-        """Fold in an averaging still in flight (``overlap=True``) as a correction that keeps the local progress
+        """Fold in whatever is in flight on this rank (``overlap=True``), waiting for it: a group's average
+        (:meth:`_finish_group`) and a global one running through the racks (:mod:`.global_in_flight`). Issues
+        no other op. Returns what it did (:class:`hvd_dssync.world.Done`), or None if nothing was in flight."""
+        return _both(self._finish_group(world), self._global.fold(world, self.guard, self._live(), wait=True))
+
+    def _finish_group(self, world):
+        """Fold in a group's average still in flight (``overlap=True``) as a correction that keeps the local progress
         made since it started (``model += average - sent``; an exact bridge's move and carry alike); waits for
         it where it is not done. Returns what it did (:class:`hvd_dssync.world.Done`: its seconds are what it
         delayed training, issuing it and waiting for it here, not its time in flight), or None if nothing was
@@ -473,3 +528,11 @@ class Averaging:
                 # The layout the optimizer saw before (an embedding's rows), or its sparse momentum buffer
                 # could not add the gradients of later steps.
                 p.grad = g.to_sparse(sparse_dim)
+
+
+def _both(first, second):
+    """What two folds at one step did, as one :class:`hvd_dssync.world.Done`: the later one's, with both
+    delays; either where the other is None."""
+    if first is None or second is None:
+        return first or second
+    return second._replace(seconds=first.seconds + second.seconds, bytes_sent=first.bytes_sent + second.bytes_sent)
