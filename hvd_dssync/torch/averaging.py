@@ -12,10 +12,11 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
+from ..plan import (GLOBAL, GROUP, LOCAL, carries_through_racks, carry_fate, ring_allreduce_bytes,
+                    routes_global_averages)
 from ..world import Done
 from . import collectives
-from .global_in_flight import GlobalInFlight, carries_through_racks
+from .global_in_flight import GlobalInFlight
 
 __all__ = ["Averaging"]
 
@@ -263,7 +264,7 @@ class Averaging:
         rack_action = action._replace(kind=GROUP, group=rack)
         rack_set = self._process_set_of(world, rack_action)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        sent_bytes = ring_allreduce_bytes(len(rack), nbytes) + ring_allreduce_bytes(world.scope.world_size, nbytes)
+        rack_bytes = ring_allreduce_bytes(len(rack), nbytes)
         started = time.perf_counter()
         signature = self.guard.signature(world, tensors, step)
         if len(rack) > 1:
@@ -275,8 +276,8 @@ class Averaging:
         elif rack_set is not None:  # as many ops on every rank (see the group of one in average_model)
             collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.0", op=hvd.Sum, process_set=rack_set)
         self._global.start(tensors, signature, f"{self.name}.global.{world.process_set.process_set_id}",
-                           world.process_set, action, step, time.perf_counter() - started, sent_bytes)
-        return _both(Done(action, time.perf_counter() - started, sent_bytes), finished)
+                           world.process_set, action, step, ring_allreduce_bytes(world.scope.world_size, nbytes))
+        return _both(Done(action, time.perf_counter() - started, rack_bytes), finished)
 
     def _live(self):
         """The tensors a step averages, as they are now (:meth:`tensors`' data)."""

@@ -19,23 +19,10 @@ import time
 import horovod.torch as hvd
 import torch
 
-from ..plan import GLOBAL
 from ..world import Done
 from . import collectives
 
-__all__ = ["GlobalInFlight", "carries_through_racks", "inside_racks"]
-
-
-def inside_racks(racks, partition):
-    """Whether every group of ``partition`` lies inside one of ``racks`` (positions in the optimizer's scope).
-
-    Example::
-
-        >>> inside_racks([(0, 1), (2, 3)], [(0, 1), (2, 3)]), inside_racks([(0, 1), (2, 3)], [(0,), (1, 3), (2,)])
-        (True, False)
-    """
-    rack_of = {rank: k for k, rack in enumerate(racks) for rank in rack}
-    return all(len({rack_of.get(rank) for rank in group}) == 1 for group in partition)
+__all__ = ["GlobalInFlight"]
 
 
 class GlobalInFlight:
@@ -44,14 +31,14 @@ class GlobalInFlight:
     Example::
 
         flight = GlobalInFlight()
-        flight.start(tensors, signature, name, process_set, action, step, issued, nbytes)
+        flight.start(tensors, signature, name, process_set, action, step, nbytes)
         done = flight.fold(world, guard, tensors)                 # at each step: folds it in once done
         sent = flight.unfolded([t.clone() for t in tensors])      # what a rack average sends meanwhile
         done = flight.close(world, guard, tensors)                # where the next average leaves the racks
     """
 
     def __init__(self):
-        self._pending = None  # (handle, sent, received, signature, action, step, seconds issuing it, bytes)
+        self._pending = None  # (handle, sent, received, signature, action, step, bytes)
         self._folded = None  # the correction this rank folded while the window is open: G - m
 
     @property
@@ -64,22 +51,22 @@ class GlobalInFlight:
         """Whether the window is open: the op in flight, or folded here and maybe not on the rack's others."""
         return self._pending is not None or self._folded is not None
 
-    def start(self, tensors, signature, name, process_set, action, step, issued, nbytes):
+    def start(self, tensors, signature, name, process_set, action, step, nbytes):
         """Issue the average over every rank of ``tensors`` (this rank's rack's model, the same on every member)
-        with the step's ``signature``; ``issued``: the seconds this step spent on it so far."""
+        with the step's ``signature``; ``nbytes``: what this rank sends for it."""
         sent = [t.detach().clone() for t in tensors]
         received = [s.clone() for s in sent]
         handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                               process_set=process_set)
-        self._pending = (handle, sent, received, signature, action, step, issued, nbytes)
+        self._pending = (handle, sent, received, signature, action, step, nbytes)
 
     def fold(self, world, guard, tensors, wait=False):
         """Fold the average into ``tensors`` (the live model) where it is done, or, with ``wait``, once it is.
-        Returns what it did (:class:`hvd_dssync.world.Done`: its seconds are what it delayed training), or
-        None."""
+        Returns what it did (:class:`hvd_dssync.world.Done`: its seconds are the wait here, what it delayed
+        training beyond the global step's own), or None."""
         if self._pending is None or not (wait or hvd.poll(self._pending[0])):
             return None
-        handle, sent, received, signature, action, step, issued, nbytes = self._pending
+        handle, sent, received, signature, action, step, nbytes = self._pending
         self._pending = None
         started = time.perf_counter()
         with guard.bounded(world, action, step):
@@ -90,7 +77,7 @@ class GlobalInFlight:
                 correction = averaged.sub_(before)
                 tensor.add_(correction)
         self._folded = received
-        return Done(action, issued + time.perf_counter() - started, nbytes)
+        return Done(action, time.perf_counter() - started, nbytes)
 
     def close(self, world, guard, tensors):
         """Every rank at the same step: fold it in (waiting where it is not done) and close the window."""
@@ -120,28 +107,3 @@ class GlobalInFlight:
         """The world changed (elastic reset) or every rank folded it (the racks change): nothing left."""
         self._pending = None
         self._folded = None
-
-
-def carries_through_racks(schedule, action_kind, overlapped, plain):
-    """Whether a global step's average runs through the rack averages that follow it: an overlapped global
-    step (``overlapped``: ``overlap=True``) of a schedule on several racks whose averages between global ones
-    stay inside the racks (no bridges, one window), averaged plainly (``plain``: no lossy compression, no
-    adaptive policy, no sparse averaging, no outer momentum: each would see the model between the fold's
-    two halves).
-
-    Example::
-
-        >>> from hvd_dssync.schedules import TopologyAware
-        >>> from hvd_dssync.topology import Topology
-        >>> racks = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=None)
-        >>> carries_through_racks(racks, "global", True, True), carries_through_racks(racks, "global", False, True)
-        (True, False)
-        >>> bridged = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=3)
-        >>> carries_through_racks(bridged, "global", True, True)
-        False
-    """
-    racks = getattr(schedule, "racks", None)
-    return (action_kind == GLOBAL and overlapped and plain and racks is not None and len(racks) > 1
-            and getattr(schedule, "window_steps", None) is None
-            and inside_racks(racks, [g for p in schedule.partitions(0) for g in p]))
-
