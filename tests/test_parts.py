@@ -58,7 +58,7 @@ def test_torch_averaging_returns_what_it_did_and_keeps_its_state_for_the_checkpo
     assert state["sync_step"] == 7 and "outer" in state
     fresh = Averaging(optimizer, named, "dssync.0", None, None, sparse, None, model, True, False, None, 0.5)
     assert load_dssync_state(state, plan, config, fresh, sparse) == 7
-    assert fresh.outer_state() is not None
+    assert fresh.outer.state() is not None
     other = SyncPlan.from_config(0, 4, SyncConfig(num_groups=1, seed=0, average_every=2))
     with pytest.raises(ValueError, match="configuration .* differs"):
         load_dssync_state(state, other, config, fresh, sparse)

@@ -1,10 +1,10 @@
-"""Averaging for the PyTorch adapter: the model inside a step's group, the gradients during the warm-up.
+"""Averaging for the PyTorch adapter: the model inside a step's group (the warm-up's gradients: :mod:`.warmup`).
 
 A step's average is one grouped allreduce of the parameters the optimizer trains and the model's
 floating-point buffers, on the Horovod process set of the step's group, with the step guard's signature
 riding along. Around it: the window's process sets, exact bridges (a bridge rank's move carried into its
-rack's next average), averaging in flight (``overlap``), the reference for lossy compression, and the outer
-momentum step.
+rack's next average), averaging in flight (``overlap``; a global average through the racks:
+:mod:`.global_in_flight`), the reference for lossy compression, and the outer step (:mod:`.outer_step`).
 """
 import time
 
@@ -17,6 +17,7 @@ from ..plan import (GLOBAL, GROUP, LOCAL, carries_through_racks, carry_fate, rin
 from ..world import Done
 from . import collectives
 from .global_in_flight import GlobalInFlight
+from .outer_step import OuterStep
 
 __all__ = ["Averaging"]
 
@@ -68,10 +69,9 @@ class Averaging:
         self.overlap = overlap
         self.overlaps_globals = overlap  # overlap=True: the global averages too, over every rank at once
         self.compression = compression
-        self.outer_momentum = outer_momentum
+        self.outer = OuterStep(outer_momentum)  # the checkpoint saves and loads its state
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
         self._reference = None
-        self._outer = None  # (anchors, momentum buffers) of the outer step, from the first average on
         self._pending = None
         self._global = GlobalInFlight()  # overlap=True on racks: a global average through the rack averages
         self._carry = None  # what an exact bridge left to add to this rank's next group average
@@ -193,7 +193,7 @@ class Averaging:
             return self._average_through_racks(world, action, step, route)
         if carries_through_racks(world.plan.schedule, action.kind, self.overlap and self.overlaps_globals,
                                  plain=self.compression is hvd.Compression.none and world.plan.adaptive is None
-                                 and sparse.row_sets is None and not self.outer_momentum):
+                                 and sparse.row_sets is None and not self.outer.momentum):
             return self._start_global_in_flight(world, action, step, finished)
         process_set = self._process_set_of(world, action)
         if process_set is None:
@@ -203,9 +203,7 @@ class Averaging:
             # as many as a group's members issue (sparse averaging gathers the row sets first), since Horovod
             # names a user's unnamed ops by counting every op of the process: every rank must issue as many
             # ops as the others.
-            for k in range(1 if sparse.row_sets is None else 2):
-                collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.{k}", op=hvd.Sum,
-                                       process_set=process_set)
+            self._alone(process_set, 1 if sparse.row_sets is None else 2)
             return Done(action)
         named = [(n, t.data) for n, t in self.tensors()]
         name = f"{self.name}.{action.kind}.{process_set.process_set_id}"
@@ -263,21 +261,20 @@ class Averaging:
         rack = next(tuple(r) for r in world.plan.schedule.racks if world.scope.rank in r)
         rack_action = action._replace(kind=GROUP, group=rack)
         rack_set = self._process_set_of(world, rack_action)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        rack_bytes = ring_allreduce_bytes(len(rack), nbytes)
         started = time.perf_counter()
-        signature = self.guard.signature(world, tensors, step)
         if len(rack) > 1:
-            with self.guard.bounded(world, rack_action, step):
-                collectives.grouped_allreduce_(tensors + [signature], op=hvd.Average, process_set=rack_set,
-                                               name=f"{self.name}.global.rack.{rack_set.process_set_id}")
-            self.guard.check(world, signature * len(rack), rack_action, rack_set, step)
-            signature = self.guard.signature(world, tensors, step)
+            self.guard.average(world, tensors, rack_action, rack_set,
+                               f"{self.name}.global.rack.{rack_set.process_set_id}", step)
         elif rack_set is not None:  # as many ops on every rank (see the group of one in average_model)
-            collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.0", op=hvd.Sum, process_set=rack_set)
-        self._global.start(tensors, signature, f"{self.name}.global.{world.process_set.process_set_id}",
-                           world.process_set, action, step, ring_allreduce_bytes(world.scope.world_size, nbytes))
+            self._alone(rack_set, 1)
+        self._global.start(world, self.guard, tensors, action, step, f"{self.name}.global")
+        rack_bytes = ring_allreduce_bytes(len(rack), sum(t.numel() * t.element_size() for t in tensors))
         return _both(Done(action, time.perf_counter() - started, rack_bytes), finished)
+
+    def _alone(self, process_set, ops):
+        """``ops`` tiny ops on this rank's own set, where its group is itself: as many ops as its peers issue."""
+        for k in range(ops):
+            collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.{k}", op=hvd.Sum, process_set=process_set)
 
     def _live(self):
         """The tensors a step averages, as they are now (:meth:`tensors`' data)."""
@@ -290,7 +287,7 @@ class Averaging:
         of what its speaker holds and zeros. The step's signature rides along the first two, the joins the
         speaker knows along the third. Every rank ends with the mean of every rank's model (exactly where
         the racks are of one size: the scale is then 1)."""
-        tensors = [t.data for _, t in self.tensors()]
+        tensors = self._live()
         rack = action._replace(kind=GROUP, group=route.rack)
         across = action._replace(kind=GROUP, group=route.group)
         rack_set, across_set = self._process_set_of(world, rack), self._process_set_of(world, across)
@@ -420,15 +417,11 @@ class Averaging:
         Every rank of the scope reaches its first averaging step at the same step, whatever its group.
         """
         size, process_set = world.scope.world_size, world.process_set
-        tensors = [t.data for _, t in self.tensors()]
+        tensors = self._live()
         started = time.perf_counter()
         everyone = action._replace(kind=GLOBAL, group=tuple(range(size)))
-        signature = self.guard.signature(world, tensors, step)
-        with self.guard.bounded(world, everyone, step):
-            collectives.grouped_allreduce_(tensors + [signature],
-                                           name=f"{self.name}.reference.{process_set.process_set_id}",
-                                           op=hvd.Average, process_set=process_set)
-        self.guard.check(world, signature * size, everyone, process_set, step)
+        self.guard.average(world, tensors, everyone, process_set,
+                           f"{self.name}.reference.{process_set.process_set_id}", step)
         self._reference = [t.detach().clone() for t in tensors]
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         return Done(everyone, time.perf_counter() - started, ring_allreduce_bytes(size, nbytes))
@@ -454,34 +447,9 @@ class Averaging:
         return ring_allreduce_bytes(len(action.group), nbytes), signature
 
     def _outer_step(self):
-        """With ``outer_momentum`` > 0: momentum on the change of the averaged model since the last average.
-
-        SlowMo / DiLoCo's outer step, with an outer learning rate of 1: ``m <- beta m + (x - anchor)``, then
-        ``x <- anchor + m`` and ``anchor <- x``, where ``x`` is this rank's parameters just averaged and
-        ``anchor`` their value after the previous outer step (the first average only sets it). ``beta = 0``
-        is plain averaging. Buffers (BatchNorm statistics) are left as averaged. No communication.
-        """
-        if not self.outer_momentum:
-            return
-        params = [t.data for name, t in self.tensors() if not name.startswith("buffer.")]
-        with torch.no_grad():
-            if self._outer is None:
-                self._outer = ([p.detach().clone() for p in params], [torch.zeros_like(p) for p in params])
-                return
-            for p, anchor, momentum in zip(params, *self._outer):
-                momentum.mul_(self.outer_momentum).add_(p - anchor)
-                p.copy_(anchor + momentum)
-                anchor.copy_(p)
-
-    def outer_state(self):
-        """The outer step's anchors and momentum, copied, for the checkpoint; None before the first average."""
-        if self._outer is None:
-            return None
-        return {"anchors": [a.clone() for a in self._outer[0]], "momentum": [m.clone() for m in self._outer[1]]}
-
-    def load_outer_state(self, outer):
-        """Anchors and momentum saved by :meth:`outer_state` (None: the next average sets them)."""
-        self._outer = None if outer is None else (list(outer["anchors"]), list(outer["momentum"]))
+        """The outer step after an average (:class:`.outer_step.OuterStep`), on the trained parameters."""
+        if self.outer.momentum:
+            self.outer.take([t.data for name, t in self.tensors() if not name.startswith("buffer.")])
 
     def carry_state(self):
         """What exact bridges need of the past, copied (None if nothing): the carry waiting for this rank's
@@ -496,39 +464,6 @@ class Averaging:
         state = state or {}
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
-
-    def average_gradients(self, world, step, op, gradient_predivide_factor, sparse_as_dense):
-        """The warm-up's bulk-synchronous step: the gradients allreduced over the scope, as Horovod does, with
-        Horovod's ``op``, ``gradient_predivide_factor`` and ``sparse_as_dense``."""
-        params = [p for _, p in self.named_parameters if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                # Every rank must reduce the same tensors; a parameter unused here contributes zeros.
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse and not sparse_as_dense:
-                raise ValueError("sparse gradients need sparse_as_dense=True during hvd_dssync's warm-up")
-        sparse_dims = [p.grad.sparse_dim() if p.grad.is_sparse else None for p in params]
-        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
-        prescale, postscale = 1.0, 1.0
-        if op == hvd.Average and gradient_predivide_factor != 1.0:
-            prescale = 1.0 / gradient_predivide_factor
-            postscale = gradient_predivide_factor
-        compressed = [self.compression.compress(g) for g in grads]
-        action = world.plan.action(step)
-        signature = self.guard.signature(world, grads, step)
-        with self.guard.bounded(world, action, step):
-            *reduced, signature = collectives.grouped_allreduce([c for c, _ in compressed] + [signature],
-                                                                name=f"{self.name}.bsp", op=op,
-                                                                prescale_factor=prescale, postscale_factor=postscale,
-                                                                process_set=world.process_set)
-        self.guard.check(world, signature * (world.scope.world_size if op == hvd.Average else 1), action,
-                         world.process_set, step)
-        for p, g, r, (_, ctx), sparse_dim in zip(params, grads, reduced, compressed, sparse_dims):
-            g.copy_(self.compression.decompress(r, ctx))
-            if sparse_dim is not None:
-                # The layout the optimizer saw before (an embedding's rows), or its sparse momentum buffer
-                # could not add the gradients of later steps.
-                p.grad = g.to_sparse(sparse_dim)
 
 
 def _both(first, second):

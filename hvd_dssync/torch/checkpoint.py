@@ -27,7 +27,7 @@ def dssync_state(step, plan, config, averaging, sparse, sensed=None):
     if sparse.enabled:
         # None: no sets yet, every rank's model is the same; else this rank's rows that may differ.
         state["sparse_rows"] = sparse.state()
-    outer = averaging.outer_state()
+    outer = averaging.outer.state()
     if outer is not None:
         state["outer"] = outer
     carry = averaging.carry_state()
@@ -76,7 +76,7 @@ def load_dssync_state(saved, plan, config, averaging, sparse, sensed=None):
     same_world = check_dssync_state(saved, plan, config, sensed)
     if plan.adaptive is not None and "adaptive" in saved:
         plan.adaptive.load(saved["adaptive"])
-    averaging.load_outer_state(saved.get("outer"))
+    averaging.outer.load(saved.get("outer"))
     # Another world (or racks measured otherwise) has other racks: its bridges' carries mean nothing here.
     averaging.load_carry_state(saved.get("bridge_carry") if same_world else None)
     # A checkpoint without sets (sparse averaging off when it was saved): every row may differ.

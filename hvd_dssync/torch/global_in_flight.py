@@ -19,6 +19,7 @@ import time
 import horovod.torch as hvd
 import torch
 
+from ..plan import ring_allreduce_bytes
 from ..world import Done
 from . import collectives
 
@@ -31,7 +32,7 @@ class GlobalInFlight:
     Example::
 
         flight = GlobalInFlight()
-        flight.start(tensors, signature, name, process_set, action, step, nbytes)
+        flight.start(world, guard, tensors, action, step, "dssync.0.global")
         done = flight.fold(world, guard, tensors)                 # at each step: folds it in once done
         sent = flight.unfolded([t.clone() for t in tensors])      # what a rack average sends meanwhile
         done = flight.close(world, guard, tensors)                # where the next average leaves the racks
@@ -51,13 +52,15 @@ class GlobalInFlight:
         """Whether the window is open: the op in flight, or folded here and maybe not on the rack's others."""
         return self._pending is not None or self._folded is not None
 
-    def start(self, tensors, signature, name, process_set, action, step, nbytes):
-        """Issue the average over every rank of ``tensors`` (this rank's rack's model, the same on every member)
-        with the step's ``signature``; ``nbytes``: what this rank sends for it."""
+    def start(self, world, guard, tensors, action, step, name):
+        """Issue the average over the optimizer's ranks of ``tensors`` (this rank's rack's model, the same on
+        every member) with the step's signature, as op ``name`` and the set's number."""
         sent = [t.detach().clone() for t in tensors]
         received = [s.clone() for s in sent]
-        handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
-                                              process_set=process_set)
+        signature = guard.signature(world, tensors, step)
+        handle = hvd.grouped_allreduce_async_(received + [signature], op=hvd.Average, process_set=world.process_set,
+                                              name=f"{name}.{world.process_set.process_set_id}")
+        nbytes = ring_allreduce_bytes(world.scope.world_size, sum(t.numel() * t.element_size() for t in tensors))
         self._pending = (handle, sent, received, signature, action, step, nbytes)
 
     def fold(self, world, guard, tensors, wait=False):
@@ -89,18 +92,17 @@ class GlobalInFlight:
         """``tensors`` (copies of the live model, sent to a rack average while the window is open) less the
         correction this rank has folded, in place; the rack average's outcome gets it back where the live
         model is moved by what the average moved them (``model += average - sent``). Returns them."""
-        if self._folded is not None:
-            with torch.no_grad():
-                for t, correction in zip(tensors, self._folded):
-                    t.sub_(correction)
-        return tensors
+        return self._shift(tensors, -1)
 
     def refolded(self, tensors):
         """After a waited rack average of :meth:`unfolded` live tensors: this rank's correction back in."""
+        return self._shift(tensors, 1)
+
+    def _shift(self, tensors, sign):
         if self._folded is not None:
             with torch.no_grad():
                 for t, correction in zip(tensors, self._folded):
-                    t.add_(correction)
+                    t.add_(correction, alpha=sign)
         return tensors
 
     def drop(self):

@@ -45,6 +45,7 @@ from .overlap_choice import OverlapChoice
 from .resensing import Resensing
 from .sparse_rows import SparseRows
 from .step_guard import StepGuard
+from .warmup import average_gradients
 
 __all__ = ["DSSyncOptimizer"]
 
@@ -212,8 +213,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         """
         self._settle_step()
         if not self._synchronized and self._plan.policy.action(self.sync_step) == BSP:
-            self._averaging.average_gradients(self._world(), self.sync_step, self.op, self.gradient_predivide_factor,
-                                              self.sparse_as_dense)
+            average_gradients(self._world(), self.sync_step, self._named_parameters, self._compression, self._guard,
+                              self._name, self.op, self.gradient_predivide_factor, self.sparse_as_dense)
         self._synchronized = True
 
     @contextlib.contextmanager

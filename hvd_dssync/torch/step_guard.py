@@ -12,6 +12,7 @@ import torch
 
 from ..guards import describe_step_drift, step_signature, steps_differ
 from ..watchdog import describe_wait, process_watchdog
+from . import collectives
 
 __all__ = ["StepGuard", "SIGNATURE_LENGTH"]
 
@@ -27,6 +28,7 @@ class StepGuard:
     Example::
 
         guard = StepGuard(name="dssync.0")
+        guard.average(world, tensors, action, ps, name, step)     # all of the below, waited for
         signature = guard.signature(world, tensors, step)
         with guard.bounded(world, action, step):
             collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=ps)
@@ -43,6 +45,14 @@ class StepGuard:
         dtype, so another dtype would cost a second collective every step."""
         dtype = torch.float32 if tensors and tensors[0].dtype == torch.float32 else torch.float64
         return torch.from_numpy(np.concatenate([step_signature(step), world.joins.payload()])).to(dtype)
+
+    def average(self, world, tensors, action, process_set, name, step):
+        """Average ``tensors`` in place over ``process_set`` (``action``'s group) with the step's signature riding
+        along, the wait bounded, then :meth:`check` what rode along."""
+        signature = self.signature(world, tensors, step)
+        with self.bounded(world, action, step):
+            collectives.grouped_allreduce_(tensors + [signature], name=name, op=hvd.Average, process_set=process_set)
+        self.check(world, signature * len(action.group), action, process_set, step)
 
     def check(self, world, sums, action, process_set, step):
         """Take in what rode along with an average (see :meth:`signature`): the joins the members knew of, and
