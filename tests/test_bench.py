@@ -95,6 +95,34 @@ def test_a_killed_run_is_cleaned_up_by_the_next():
     assert _leftovers(run_id) == []
 
 
+def test_snapshots_further_apart_than_asked_are_an_odd_number_of_steps_apart():
+    """Sizes drawn at random: the copies fit the budget at the fewest steps apart, and where they are
+    further apart than ``eval_every`` the spacing is odd, so that a run's copies fall at every place of an
+    averaging period of 8 steps (an even spacing reads it at half its places, or fewer)."""
+    from hvd_dssync.bench.metric import snapshot_every
+
+    rng = np.random.default_rng(0)
+    spaced = 0
+    for _ in range(500):
+        parameters, steps = int(rng.integers(1, 10_000_000)), int(rng.integers(1, 800))
+        eval_every, budget = int(rng.integers(1, 9)), int(rng.integers(1, 2 ** 31))
+        every, dtype = snapshot_every(parameters, steps, eval_every, budget)
+        size = {"float32": 4, "float16": 2}[dtype]
+        copies = lambda spacing, size=size: (steps // spacing + 1) * parameters * size
+        assert every >= eval_every
+        if every == eval_every:
+            assert copies(every) <= budget and (dtype == "float32" or copies(every) * 2 > budget)
+            continue
+        spaced += 1
+        assert dtype == "float16" and every % 2 == 1 and copies(eval_every) > budget
+        assert copies(every) <= budget or every > steps, (parameters, steps, eval_every, budget, every)
+        closer = [s for s in range(eval_every + 1, every) if s % 2 == 1 and copies(s) <= budget]
+        assert not closer, (parameters, steps, eval_every, budget, every, closer)
+        if steps // every >= 8:  # eight copies or more: one at each place
+            assert {(every * k) % 8 for k in range(1, steps // every + 1)} == set(range(8))
+    assert spaced > 100
+
+
 def test_estimated_bottleneck_bytes_follow_the_ring():
     racks = [[0, 1, 2, 3], [4, 5, 6, 7]]
     config = {"seed": 0, "local_period": 4, "warmup_steps": 0}

@@ -139,7 +139,7 @@ DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.schedules.base", "hvd_dss
                    "hvd_dssync.schedules.user", "hvd_dssync.topology", "hvd_dssync.policy", "hvd_dssync.plan",
                    "hvd_dssync.scope", "hvd_dssync.simulate.mixing", "hvd_dssync.simulate.links",
                    "hvd_dssync.simulate.table", "hvd_dssync.simulate.replay", "hvd_dssync.guards", "hvd_dssync.__main__",
-                   "hvd_dssync.bench.scenarios", "hvd_dssync.bench.catalog", "hvd_dssync.adaptive.settings",
+                   "hvd_dssync.bench.scenarios", "hvd_dssync.bench.metric", "hvd_dssync.bench.catalog", "hvd_dssync.adaptive.settings",
                    "hvd_dssync.adaptive.decisions", "hvd_dssync.adaptive.state", "hvd_dssync.adaptive.wire",
                    "hvd_dssync.sparse", "hvd_dssync.join", "hvd_dssync.config", "hvd_dssync.resolution", "hvd_dssync.differences",
                    "hvd_dssync.sensing.job", "hvd_dssync.sensing.rule", "hvd_dssync.sensing.probe",

@@ -81,8 +81,9 @@ def build_parser():
                    help="steps between the model snapshots the accuracy curves are evaluated on, off the clock")
     p.add_argument("--snapshot-budget-mb", type=positive_float, default=SNAPSHOT_BUDGET_BYTES / 2 ** 20,
                    help="memory a rank may hold its model snapshots in; where --steps of them every --eval-every "
-                        "steps do not fit, they are float16 and further apart (a large model's curve is read on "
-                        "that coarser grid; each rank holds them until its job ends)")
+                        "steps do not fit, they are float16 and further apart, an odd number of steps (a large model's "
+                        "curve is read on that coarser grid, at every place of an averaging period of a power of two "
+                        "steps; each rank holds them until its job ends)")
     p.add_argument("--target", type=float, default=0.95, help="target test accuracy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1,

@@ -59,20 +59,32 @@ def load_data(seed, task="synthetic"):
 
 
 def snapshot_every(parameters, steps, eval_every, budget=SNAPSHOT_BUDGET_BYTES):
-    """``(every, dtype)``: snapshot every this many steps (a multiple of ``eval_every``) in float32 where
-    ``steps`` of them fit ``budget`` bytes, else in float16, as often as the budget allows.
+    """``(every, dtype)``: snapshot every ``eval_every`` steps in float32 where ``steps`` of them fit
+    ``budget`` bytes, else in float16; where even those do not fit, every odd number of steps the budget
+    allows, the fewest. Odd, so that the copies of a run fall at every place of an averaging period of a
+    power of two steps (4, 8, 16, 32): an even spacing reads a period at the same places in every run, right
+    after a waited average or never.
 
     Example::
 
         >>> snapshot_every(300_000, 400, 2)
         (2, 'float32')
-        >>> snapshot_every(6_000_000, 400, 2)
-        (20, 'float16')
+        >>> snapshot_every(6_000_000, 400, 2, budget=2**30)
+        (5, 'float16')
+        >>> snapshot_every(6_000_000, 400, 6, budget=2**30)
+        (6, 'float16')
     """
-    count = steps // eval_every + 1
-    if count * parameters * 4 <= budget:
+    def fits(every, size):
+        return (steps // every + 1) * parameters * size <= budget
+
+    if fits(eval_every, 4):
         return eval_every, "float32"
-    return eval_every * max(1, math.ceil(count * parameters * 2 / budget)), "float16"
+    if fits(eval_every, 2):
+        return eval_every, "float16"
+    every = eval_every + 1 + eval_every % 2  # the first odd number past it
+    while every <= steps and not fits(every, 2):
+        every += 2
+    return every, "float16"
 
 
 class Snapshots:
