@@ -241,42 +241,6 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     return not beside
 
 
-def carries_through_racks(schedule, action_kind, overlapped, plain):
-    """Whether a global step's average runs through the rack averages that follow it: an overlapped global
-    step (``overlapped``: ``overlap=True``) of a schedule on several racks whose averages between global ones
-    stay inside the racks (no bridges, one window), averaged plainly (``plain``: no lossy compression, no
-    adaptive policy, no sparse averaging, no outer momentum: each would see the model between the fold's
-    two halves).
-
-    Example::
-
-        >>> from hvd_dssync.schedules import TopologyAware
-        >>> from hvd_dssync.topology import Topology
-        >>> racks = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=None)
-        >>> carries_through_racks(racks, "global", True, True), carries_through_racks(racks, "global", False, True)
-        (True, False)
-        >>> bridged = TopologyAware(Topology.from_racks([[0, 1], [2, 3]]), intra_steps=3)
-        >>> carries_through_racks(bridged, "global", True, True)
-        False
-    """
-    racks = getattr(schedule, "racks", None)
-    return (action_kind == GLOBAL and overlapped and plain and racks is not None and len(racks) > 1
-            and getattr(schedule, "window_steps", None) is None
-            and inside_racks(racks, [g for p in schedule.partitions(0) for g in p]))
-
-
-def inside_racks(racks, partition):
-    """Whether every group of ``partition`` lies inside one of ``racks`` (positions in the optimizer's scope).
-
-    Example::
-
-        >>> inside_racks([(0, 1), (2, 3)], [(0, 1), (2, 3)]), inside_racks([(0, 1), (2, 3)], [(0,), (1, 3), (2,)])
-        (True, False)
-    """
-    rack_of = {rank: k for k, rack in enumerate(racks) for rank in rack}
-    return all(len({rack_of.get(rank) for rank in group}) == 1 for group in partition)
-
-
 def carry_fate(kind):
     """What a bridge's carry (:meth:`SyncPlan.bridge`) waiting on a rank does at a step of ``kind``: "add" it
     to what the rank sends (a group average: the rank's next group follows the bridge's move), "drop" it (a
@@ -474,4 +438,4 @@ def check_ranks_agree(allgather, plan, parameters=None, options=None, what="hvd_
     return check_agreement(allgather(mine), what=what)
 
 
-__all__ += ["carries_through_racks", "inside_racks", "carry_fate", "first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]
+__all__ += ["carry_fate", "first_crossing", "BSP", "GLOBAL", "GROUP", "LOCAL"]

@@ -64,11 +64,9 @@ def test_script_may_end_without_a_global_collective(launcher):
 def test_a_stale_average_is_folded_in_exactly():
     """overlap=True with local steps (shuffle; racks with exact bridges; the default's rhythm on racks, its global
     averages overlapped too): averages run behind the local steps and are folded in late, and after
-    synchronize_models every rank holds the mean of what the ranks computed; a global average running on through
-    the rack averages, folded in by the racks' members at different steps, leaves every rank where the same
-    training waited for does; an exact bridge after an overlapped rack average sends the rack's average;
-    evaluating the model on one rank folds in its average in flight; overlap=True beside global_via_bridges=True
-    is refused; one host runs no trial of overlap."""
+    synchronize_models every rank holds the mean of what the ranks computed; an exact bridge after an overlapped
+    rack average sends the rack's average; evaluating the model on one rank folds in its average in flight;
+    overlap=True beside global_via_bridges=True is refused; one host runs no trial of overlap."""
     output = run("gloo", 4, "torch_overlap.py", timeout=120)
     assert output.count("all checks passed") == 4, output
 

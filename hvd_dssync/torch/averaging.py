@@ -3,8 +3,8 @@
 A step's average is one grouped allreduce of the parameters the optimizer trains and the model's
 floating-point buffers, on the Horovod process set of the step's group, with the step guard's signature
 riding along. Around it: the window's process sets, exact bridges (a bridge rank's move carried into its
-rack's next average), averaging in flight (``overlap``; a global average through the racks:
-:mod:`.global_in_flight`), the reference for lossy compression, and the outer step (:mod:`.outer_step`).
+rack's next average), averaging in flight (``overlap``), the reference for lossy compression, and the outer
+step (:mod:`.outer_step`).
 """
 import time
 
@@ -12,11 +12,9 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..plan import (GLOBAL, GROUP, LOCAL, carries_through_racks, carry_fate, ring_allreduce_bytes,
-                    routes_global_averages)
+from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
-from .global_in_flight import GlobalInFlight
 from .outer_step import OuterStep
 
 __all__ = ["Averaging"]
@@ -73,7 +71,6 @@ class Averaging:
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
         self._reference = None
         self._pending = None
-        self._global = GlobalInFlight()  # overlap=True on racks: a global average through the rack averages
         self._carry = None  # what an exact bridge left to add to this rank's next group average
         self._agreed = None  # the model right after this rank's last average: what an exact bridge sends
 
@@ -94,16 +91,13 @@ class Averaging:
         """The world changed: the average in flight died with it, the reference is set again, and a bridge's
         carry (for racks of the old world) is dropped."""
         self._pending = None
-        self._global.drop()
         self._reference = None
         self._carry = None
         self._agreed = None
 
     def follow_schedule(self):
         """The optimizer follows another schedule (the racks sensed again): a bridge's carry, for the racks of
-        the old one, is dropped. Nothing is in flight (the optimizer finished it on every rank), so neither is
-        the correction a global average in flight left to be taken out of rack averages."""
-        self._global.drop()
+        the old one, is dropped. Nothing is in flight (the optimizer finished it)."""
         self._carry = None
         self._agreed = None
 
@@ -111,12 +105,11 @@ class Averaging:
         """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
         model keeps this rank's own update."""
         self._pending = None
-        self._global.drop()
 
     @property
     def in_flight(self):
         """Whether an average runs behind the local steps (``overlap``), not yet folded in."""
-        return self._pending is not None or self._global.in_flight
+        return self._pending is not None
 
     @property
     def ordered_sets(self):
@@ -165,17 +158,9 @@ class Averaging:
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             # An average in flight runs on through the local steps and is folded in once done (a poll, never
             # a wait), at the latest where the next average starts.
-            landed = self._finish_group(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
-            folded = self._global.fold(world, guard, self._live()) if self._global.in_flight else None
-            return _both(landed, folded) or Done(action)
-        finished = self._finish_group(world)
-        if self._global.open:
-            # A global average in flight runs on through the rack averages (every average between two global
-            # ones stays inside the racks: carries_through_racks); every rank waits for it at the next global.
-            if action.kind == GROUP:
-                finished = _both(finished, self._global.fold(world, guard, self._live()))
-            else:
-                finished = _both(finished, self._global.close(world, guard, self._live()))
+            landed = self.finish_pending(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
+            return Done(action) if landed is None else landed
+        finished = self.finish_pending(world)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
         self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
@@ -191,10 +176,6 @@ class Averaging:
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
                 overlapped=self.overlaps_globals):
             return self._average_through_racks(world, action, step, route)
-        if carries_through_racks(world.plan.schedule, action.kind, self.overlap and self.overlaps_globals,
-                                 plain=self.compression is hvd.Compression.none and world.plan.adaptive is None
-                                 and sparse.row_sets is None and not self.outer.momentum):
-            return self._start_global_in_flight(world, action, step, finished)
         process_set = self._process_set_of(world, action)
         if process_set is None:
             return Done(action)
@@ -219,8 +200,7 @@ class Averaging:
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
         if self.overlap:
-            sent = self._agreed_models(tensors) if bridge is not None else \
-                self._global.unfolded([t.detach().clone() for t in tensors])
+            sent = self._agreed_models(tensors) if bridge is not None else [t.detach().clone() for t in tensors]
             received = self._contribution([t.clone() for t in sent], bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
@@ -234,9 +214,8 @@ class Averaging:
             if self.compression is hvd.Compression.none and world.plan.adaptive is not None:
                 signature = self.adaptive.average(world, step, work, signature, name, process_set, action)
             elif self.compression is hvd.Compression.none:
-                collectives.grouped_allreduce_(self._global.unfolded(work) + [signature], name=name, op=hvd.Average,
+                collectives.grouped_allreduce_(work + [signature], name=name, op=hvd.Average,
                                                process_set=process_set)
-                self._global.refolded(work)
             else:
                 sent_bytes, signature = self._average_differences(work, action, process_set, name, signature)
         guard.check(world, signature * len(action.group), action, process_set, step)
@@ -251,25 +230,6 @@ class Averaging:
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
                     sparse_rows=sum(len(index) for _, index, _ in writes))
-
-    def _start_global_in_flight(self, world, action, step, finished):
-        """A global step's average run through the rack averages that follow (:mod:`.global_in_flight`): this
-        rank's rack averages, waited for on its fast links, then one op over every rank of the racks' models,
-        issued and left in flight. Returns what the step did: as at any overlapped step, the averages folded in
-        at this step (``finished``, where any), with this one's seconds and bytes added."""
-        tensors = self._live()
-        rack = next(tuple(r) for r in world.plan.schedule.racks if world.scope.rank in r)
-        rack_action = action._replace(kind=GROUP, group=rack)
-        rack_set = self._process_set_of(world, rack_action)
-        started = time.perf_counter()
-        if len(rack) > 1:
-            self.guard.average(world, tensors, rack_action, rack_set,
-                               f"{self.name}.global.rack.{rack_set.process_set_id}", step)
-        elif rack_set is not None:  # as many ops on every rank (see the group of one in average_model)
-            self._alone(rack_set, 1)
-        self._global.start(world, self.guard, tensors, action, step, f"{self.name}.global")
-        rack_bytes = ring_allreduce_bytes(len(rack), sum(t.numel() * t.element_size() for t in tensors))
-        return _both(Done(action, time.perf_counter() - started, rack_bytes), finished)
 
     def _alone(self, process_set, ops):
         """``ops`` tiny ops on this rank's own set, where its group is itself: as many ops as its peers issue."""
@@ -328,13 +288,7 @@ class Averaging:
         return Done(action, time.perf_counter() - started, sent_bytes)
 
     def finish_pending(self, world):
-        """Fold in whatever is in flight on this rank (``overlap=True``), waiting for it: a group's average
-        (:meth:`_finish_group`) and a global one running through the racks (:mod:`.global_in_flight`). Issues
-        no other op. Returns what it did (:class:`hvd_dssync.world.Done`), or None if nothing was in flight."""
-        return _both(self._finish_group(world), self._global.fold(world, self.guard, self._live(), wait=True))
-
-    def _finish_group(self, world):
-        """Fold in a group's average still in flight (``overlap=True``) as a correction that keeps the local progress
+        """Fold in an average still in flight (``overlap=True``) as a correction that keeps the local progress
         made since it started (``model += average - sent``; an exact bridge's move and carry alike); waits for
         it where it is not done. Returns what it did (:class:`hvd_dssync.world.Done`: its seconds are what it
         delayed training, issuing it and waiting for it here, not its time in flight), or None if nothing was
@@ -465,10 +419,3 @@ class Averaging:
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
 
-
-def _both(first, second):
-    """What two folds at one step did, as one :class:`hvd_dssync.world.Done`: the later one's, with both
-    delays; either where the other is None."""
-    if first is None or second is None:
-        return first or second
-    return second._replace(seconds=first.seconds + second.seconds, bytes_sent=first.bytes_sent + second.bytes_sent)
