@@ -13,7 +13,6 @@ that no rank computes or waits for an evaluation while the contenders train. Two
 
 Which samples are tested is drawn from the run's seed; the data set itself is the same for every seed.
 """
-import math
 import os
 
 import numpy as np

@@ -184,7 +184,9 @@ class Averaging:
             # as many as a group's members issue (sparse averaging gathers the row sets first), since Horovod
             # names a user's unnamed ops by counting every op of the process: every rank must issue as many
             # ops as the others.
-            self._alone(process_set, 1 if sparse.row_sets is None else 2)
+            for k in range(1 if sparse.row_sets is None else 2):
+                collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.{k}", op=hvd.Sum,
+                                       process_set=process_set)
             return Done(action)
         named = [(n, t.data) for n, t in self.tensors()]
         name = f"{self.name}.{action.kind}.{process_set.process_set_id}"
@@ -230,11 +232,6 @@ class Averaging:
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
                     sparse_rows=sum(len(index) for _, index, _ in writes))
-
-    def _alone(self, process_set, ops):
-        """``ops`` tiny ops on this rank's own set, where its group is itself: as many ops as its peers issue."""
-        for k in range(ops):
-            collectives.allreduce_(torch.zeros(1), name=f"{self.name}.alone.{k}", op=hvd.Sum, process_set=process_set)
 
     def _live(self):
         """The tensors a step averages, as they are now (:meth:`tensors`' data)."""
