@@ -7,7 +7,9 @@ where the racks were measured, the optimizer watches what the averages that cros
 
 - an average *crosses* where its group spans the racks the schedule knows (a topology-aware bridge), or,
   on a network sensed flat, where it joins every rank;
-- each rank keeps the fewest seconds of its crossing averages since the last check; every
+- each rank keeps the fewest seconds of its crossing averages waited for since the last check (an overlapped
+  average's seconds are what it delayed the step, a fraction of its cost hidden behind compute: with overlap
+  on, in the default's trial or kept, the watch reads nothing, and a check with no figure decides nothing); every
   :data:`CHECK_EVERY` steps the ranks gather these figures (one small allgather, read at the next check, so
   that no rank waits for it) and take the smallest: the rank that arrives last at a collective waits for
   nobody, so its time is the link's, not a straggler's or a late rank's (:func:`hvd_dssync.adaptive.decide`
@@ -97,11 +99,12 @@ class NetworkWatch:
         self.checks = 0  # since the racks were last sensed
         self.last = float("nan")  # the last check's figure
 
-    def note(self, world_size, seconds, crosses, group_size=None, kind=None):
-        """After an average of ``seconds`` on this rank: keep it if it crossed the network. ``crosses`` is the
-        schedule's answer for the group (True, False, or None where the schedule knows no racks: then an
-        average crosses where its group, of ``group_size`` ranks, is every one of ``world_size``)."""
-        if kind in (BSP, LOCAL) or not seconds > 0:
+    def note(self, world_size, seconds, crosses, group_size=None, kind=None, overlapped=False):
+        """After an average of ``seconds`` on this rank: keep it if it crossed the network and was waited for
+        (not ``overlapped``). ``crosses`` is the schedule's answer for the group (True, False, or None where the
+        schedule knows no racks: then an average crosses where its group, of ``group_size`` ranks, is every one
+        of ``world_size``)."""
+        if kind in (BSP, LOCAL) or overlapped or not seconds > 0:
             return
         if crosses is None:
             crosses = group_size is None or group_size == world_size

@@ -308,7 +308,7 @@ class Averaging:
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
         self._remember(world, tensors if bridge is not None else received)
-        return Done(action, issued + time.perf_counter() - started, nbytes)
+        return Done(action, issued + time.perf_counter() - started, nbytes, overlapped=True)
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be

@@ -61,7 +61,8 @@ class Resensing:
         if done is not None:
             action = done.action
             crosses = world.plan.schedule.crosses(action.group) if action.kind == GROUP else None
-            self.watch.note(world.scope.world_size, done.seconds, crosses, len(action.group), action.kind)
+            self.watch.note(world.scope.world_size, done.seconds, crosses, len(action.group), action.kind,
+                            overlapped=done.overlapped)
         if not (self.watch.due(step) or self._following is not None):
             return None
         gathering, self._gathering = self._gathering, None
