@@ -397,12 +397,12 @@ def test_the_default_senses_the_racks_behind_the_slow_link():
 @needs_namespaces
 @pytest.mark.multirank
 def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path):
-    """4 emulated hosts of one rank in 2 racks, the link between them first unshaped: the
-    default (overlap off: the watch reads only averages waited for) senses one flat network (one group of every rank, every 8 steps); with HVD_DSSYNC_RESENSE=1, when
-    the test slows the link 10x while the job trains, it senses the racks and takes the topology-aware schedule
-    on them, its sets registered ahead (without the variable the racks stay None: checked by hand). The way back, racks to a flat network,
-    is left to the unit tests: on 2 shared cores a bridge's average on the restored link did not always cost
-    4x less (docs/benchmarks.md)."""
+    """4 emulated hosts of one rank in 2 racks, the link between them first unshaped: the default (overlap
+    off: the watch reads only averages waited for) senses one flat network (one group of every rank, every 8
+    steps); with HVD_DSSYNC_RESENSE=1, when the test slows the link 10x while the job trains, it senses the
+    racks and takes the topology-aware schedule on them, its sets registered ahead (without the variable the
+    racks stay None: checked by hand). The way back, racks to a flat network, is left to the unit tests: on 2
+    shared cores a bridge's average on the restored link did not always cost 4x less (docs/benchmarks.md)."""
     def slow_down_when_asked(bed):  # rank 0 asks through a file and waits for the answer
         if (tmp_path / "slow").exists() and not (tmp_path / "slow.done").exists():
             bed.set_inter_rate(20)

@@ -1,6 +1,6 @@
 """One rank of a job of one rank per emulated host, 2 racks, whose link between the racks the test slows down
-while the job trains: the default optimizer (``HVD_DSSYNC_RESENSE=1``), built on a flat network, senses the
-racks again when the link slows and takes the topology-aware schedule on them. Rank 0 asks the test for the
+while the job trains: the default optimizer (``HVD_DSSYNC_RESENSE=1``, overlap off), built on a flat network,
+senses the racks again when the link slows and takes the topology-aware schedule on them. Rank 0 asks the test for the
 change through a file in ``RESENSE_DIR``; the other ranks wait for it in the next average. Every check raises
 on failure, so a failing rank fails the job.
 """
