@@ -1,5 +1,6 @@
 """The watchdog that bounds a DS-Sync average: alone (unit), then a silent rank in real jobs."""
 import io
+import re
 import threading
 import time
 
@@ -92,3 +93,24 @@ def test_silent_rank_stops_the_job(launcher, worker):
     assert "rank 1: stall at step 10" in output, output
     assert "to average at step" in output and f"has not completed after 20 s ({TIMEOUT_ENV})" in output, output
     assert elapsed < 150
+
+
+# What an expired wait says: "rank R waits for ranks [P, ...] to average at step K (kind)".
+WAIT_LINE = re.compile(r"rank (\d+) waits for ranks \[([\d, ]*)\] to average at step (\d+) \((\w+)\)")
+
+
+@pytest.mark.multirank
+def test_a_silent_rank_in_a_global_average_through_the_racks_is_named_by_its_partners():
+    """Rank 1 falls silent at a global average through the racks [[0, 1], [2, 3]] (the speakers: 1 and 3; 0
+    and 2 each issue their tiny op alone). Each rank waits in one of the route's three averages, for the
+    members of that op only: 0 for 1 in its rack's, 3 for 1 across the racks, 2 for 3 in its rack's last;
+    what expires names that one rank, and the kind of the whole (global)."""
+    output = run("gloo", 4, "reliability_train.py", "stall", "--at", 10, "--through-racks", timeout=150,
+                 expect_failure=True, env={TIMEOUT_ENV: "20"})
+    at = int(re.search(r"rank 1: stall at step (\d+)", output).group(1))
+    waits = {int(rank): ([int(p) for p in peers.split(", ")], int(step), kind)
+             for rank, peers, step, kind in WAIT_LINE.findall(output)}
+    assert waits, output
+    expected = {0: [1], 2: [3], 3: [1]}
+    for rank, (peers, step, kind) in waits.items():
+        assert (peers, step, kind) == (expected[rank], at, "global"), (rank, output)

@@ -245,38 +245,32 @@ class Averaging:
         speaker knows along the third. Every rank ends with the mean of every rank's model (exactly where
         the racks are of one size: the scale is then 1)."""
         tensors = self._live()
-        rack = action._replace(kind=GROUP, group=route.rack)
-        across = action._replace(kind=GROUP, group=route.group)
-        rack_set, across_set = self._process_set_of(world, rack), self._process_set_of(world, across)
+        # Each of the three averages is the global one's (its kind, in what a wait that expires says), among
+        # the members of its own op: the ranks this rank waits for there.
+        rack, across = action._replace(group=route.rack), action._replace(group=route.group)
+        rack_set = self._process_set_of(world, rack._replace(kind=GROUP))
+        across_set = self._process_set_of(world, across._replace(kind=GROUP))
         name = f"{self.name}.global"
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         sent_bytes = 2 * ring_allreduce_bytes(len(route.rack), nbytes)
         started = time.perf_counter()
-        signature = self.guard.signature(world, tensors, step)
-        with self.guard.bounded(world, action, step):
-            collectives.grouped_allreduce_(tensors + [signature], name=f"{name}.rack.{rack_set.process_set_id}",
-                                           op=hvd.Average, process_set=rack_set)
-        self.guard.check(world, signature * len(route.rack), rack, rack_set, step)
+        self.guard.average(world, tensors, rack, rack_set, f"{name}.rack.{rack_set.process_set_id}", step)
         across_name = f"{name}.across.{across_set.process_set_id}"
         if route.speaks:
-            signature = self.guard.signature(world, tensors, step)
             with torch.no_grad():
                 for t in tensors:
                     t.mul_(route.scale)
-            with self.guard.bounded(world, action, step):
-                collectives.grouped_allreduce_(tensors + [signature], name=across_name, op=hvd.Average,
-                                               process_set=across_set)
-            self.guard.check(world, signature * len(route.group), across, across_set, step)
+            self.guard.average(world, tensors, across, across_set, across_name, step)
             sent_bytes += ring_allreduce_bytes(len(route.group), nbytes)
             signature = self.guard.signature(world, tensors, step)
         else:
-            with self.guard.bounded(world, action, step):
+            with self.guard.bounded(world, across, step):
                 collectives.allreduce_(torch.zeros(1), name=across_name, op=hvd.Sum, process_set=across_set)
             with torch.no_grad():
                 for t in tensors:
                     t.zero_()
-            signature = torch.zeros_like(signature)
-        with self.guard.bounded(world, action, step):
+            signature = torch.zeros_like(self.guard.signature(world, tensors, step))
+        with self.guard.bounded(world, rack, step):
             collectives.grouped_allreduce_(tensors + [signature], name=f"{name}.back.{rack_set.process_set_id}",
                                            op=hvd.Sum, process_set=rack_set)
         self.guard.take_joins(world, signature)

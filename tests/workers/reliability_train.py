@@ -2,7 +2,9 @@
 
 Modes:
 - ``kill --at K``: rank 1 kills itself (SIGKILL) at step K; the others train on until Horovod fails them.
-- ``stall --at K``: rank 1 stops calling Horovod at step K (alive, but silent).
+- ``stall --at K``: rank 1 stops calling Horovod at step K (alive, but silent). With ``--through-racks`` (4
+  ranks): the racks [[0, 1], [2, 3]] and their global averages through the racks; K is then the first of
+  those at K or after.
 - ``full --steps N --dir D``: train N steps, save each rank's weights at the end.
 - ``save --steps K --dir D``: train K steps, save each rank's model and optimizer state (a checkpoint).
 - ``resume --steps N --dir D``: load the checkpoint, train on to step N, compare bit for bit with ``full``.
@@ -20,18 +22,27 @@ import time
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
+from hvd_dssync.plan import SyncPlan
 
 OPTIONS = dict(num_groups=2, seed=11, warmup_steps=2, global_every=5, schedule_options={"window_steps": 3})
+THROUGH_RACKS = dict(schedule="topology", topology=[[0, 1], [2, 3]], seed=11, warmup_steps=2, average_every=4,
+                     global_every=8, schedule_options={"intra_steps": None, "global_via_bridges": True})
 
 
-def build():
+def build(options=None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
                                 torch.nn.Linear(16, 1))
     opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), model=model,
-                                   **dict(OPTIONS, num_groups=min(2, hvd.size())))
+                                   **(options or dict(OPTIONS, num_groups=min(2, hvd.size()))))
     return model, opt
+
+
+def first_route_step(at):
+    """The first step at ``at`` or after whose global average goes through the racks (``THROUGH_RACKS``)."""
+    plan = SyncPlan(rank=hvd.rank(), world_size=hvd.size(), **THROUGH_RACKS)
+    return next(t for t in range(at, at + 100) if plan.global_route(t) is not None)
 
 
 def batch(step):
@@ -73,11 +84,14 @@ def main():
     parser.add_argument("--at", type=int, default=10)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--dir")
+    parser.add_argument("--through-racks", action="store_true")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     hvd.init()
-    model, opt = build()
+    model, opt = build(THROUGH_RACKS if args.through_racks else None)
+    if args.through_racks:
+        args.at = first_route_step(args.at)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if args.mode in ("kill", "stall"):
         started = time.monotonic()
