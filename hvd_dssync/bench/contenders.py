@@ -19,7 +19,7 @@ from .marks import MarkWatch, link_bytes
 from .metric import attach_curves
 from .catalog import CONTENDERS, HOROVOD_BSP
 
-__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "run_ranks", "rank_env", "start_rendezvous",
+__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "job_record", "run_ranks", "rank_env", "start_rendezvous",
            "JobFailed"]
 
 HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c in HOROVOD_BSP or c.startswith("dssync-"))
@@ -169,18 +169,8 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
                 failed = f"rank {rank} exited {code}"
                 break
         watcher.join(timeout=5)
-        if failed is None and not os.path.exists(out_path):
-            failed = "rank 0 wrote no record"
-        if failed:
-            raise JobFailed(f"{contender}: {failed}\n" + _tails(logs))
-        with open(out_path) as f:
-            record = json.load(f)
-        attach_curves(record, out_path, config)
-        record["links"] = link_bytes(marks)
-        record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
-                                  for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
-        record["warnings"] = [line.strip() for line in _read(logs[0]).splitlines() if "Warning" in line][:5]
-        return record
+        return job_record(failed, contender, lambda: _tails(logs), out_path, config, marks, rate_changes,
+                          lambda: _read(logs[0]).splitlines())
     finally:
         watch_marks.stop()
         for proc in procs:
@@ -207,6 +197,25 @@ def _read(path):
             return f.read()
     except OSError:
         return ""
+
+
+def job_record(failed, what, tail, out_path, config, marks, rate_changes, lines):
+    """The record rank 0 wrote at ``out_path``, with what the bench adds to it: the accuracy curves
+    (:func:`hvd_dssync.bench.metric.attach_curves`), the bytes over the links between rank 0's marks, the rate
+    changes that took place, and the first warnings of rank 0's output (``lines()``). Raises
+    :class:`JobFailed` naming ``what`` with ``tail()`` where the job ``failed`` (a reason) or wrote no record."""
+    if failed is None and not os.path.exists(out_path):
+        failed = "rank 0 wrote no record"
+    if failed:
+        raise JobFailed(f"{what}: {failed}\n" + tail())
+    with open(out_path) as f:
+        record = json.load(f)
+    attach_curves(record, out_path, config)
+    record["links"] = link_bytes(marks)
+    record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
+                              for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
+    record["warnings"] = [line.strip() for line in lines() if "Warning" in line][:5]
+    return record
 
 
 def _tails(logs, lines=15):

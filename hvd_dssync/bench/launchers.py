@@ -32,9 +32,8 @@ import sys
 import tempfile
 import threading
 
-from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed
-from .marks import MarkWatch, link_bytes
-from .metric import attach_curves
+from .contenders import COMMON_ENV, HOROVOD_CONTENDERS, ROOT, JobFailed, job_record
+from .marks import MarkWatch
 from .remote_shell import host_command, write_agent
 from .testbed import kill_namespace_processes
 
@@ -159,17 +158,8 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
         except subprocess.TimeoutExpired:
             failed = f"timed out after {timeout:.0f}s"
         watcher.join(timeout=5)
-        if failed is None and not os.path.exists(out_path):
-            failed = "rank 0 wrote no record"
-        if failed:
-            raise JobFailed(f"{contender} ({launcher}): {failed}\n" + "".join(lines[-30:]))
-        with open(out_path) as f:
-            record = json.load(f)
-        attach_curves(record, out_path, config)
-        record["links"] = link_bytes(marks)
-        record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
-                                  for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
-        record["warnings"] = [line.strip() for line in lines if "Warning" in line][:5]
+        record = job_record(failed, f"{contender} ({launcher})", lambda: "".join(lines[-30:]), out_path, config,
+                            marks, rate_changes, lambda: lines)
         record["launcher"] = launcher
         return record
     finally:
