@@ -73,6 +73,7 @@ class Averaging:
         self._pending = None
         self._carry = None  # what an exact bridge left to add to this rank's next group average
         self._agreed = None  # the model right after this rank's last average: what an exact bridge sends
+        self._in_flight = None  # overlap: the buffers of an average in flight, kept for the next (_buffers_for)
 
     def tensors(self):
         """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
@@ -91,6 +92,7 @@ class Averaging:
         """The world changed: the average in flight died with it, the reference is set again, and a bridge's
         carry (for racks of the old world) is dropped."""
         self._pending = None
+        self._in_flight = None
         self._reference = None
         self._carry = None
         self._agreed = None
@@ -105,6 +107,7 @@ class Averaging:
         """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
         model keeps this rank's own update."""
         self._pending = None
+        self._in_flight = None  # what the old world's op may still write into
 
     @property
     def in_flight(self):
@@ -202,13 +205,15 @@ class Averaging:
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
         if self.overlap:
-            sent = self._agreed_models(tensors) if bridge is not None else [t.detach().clone() for t in tensors]
-            received = self._contribution([t.clone() for t in sent], bridge, carry)
+            sent, received = self._buffers_for(tensors)
+            sent = self._agreed_models(tensors) if bridge is not None else _copy_into(sent, tensors)
+            received = self._contribution(_copy_into(received, sent), bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
             self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
                              time.perf_counter() - started, sent_bytes, bridge)
             return finished
+        self._in_flight = None  # waited for: no buffers kept (overlap off, or the trial's waited half)
         # A bridge averages copies of the model this rank agreed on with its rack; anything else, the model.
         sent = self._agreed_models(tensors) if bridge is not None else None
         work = self._contribution(tensors if sent is None else [t.clone() for t in sent], bridge, carry)
@@ -295,9 +300,9 @@ class Averaging:
         if bridge is not None:
             self._cross(tensors, sent, received, bridge)
         else:
-            with torch.no_grad():
+            with torch.no_grad():  # the difference into the copy of what was sent, which is not read again
                 for tensor, before, averaged in zip(tensors, sent, received):
-                    tensor.add_(averaged - before)
+                    tensor.add_(torch.sub(averaged, before, out=before))
         self._outer_step()
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
@@ -307,20 +312,24 @@ class Averaging:
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be
         read only: :meth:`_remember` writes it after the bridge's move is taken."""
-        if not self._agreed_fits(tensors):
+        if not _fits(self._agreed, tensors):
             return [t.detach().clone() for t in tensors]
         return self._agreed
 
-    def _agreed_fits(self, tensors):
-        return self._agreed is not None and len(self._agreed) == len(tensors) \
-            and all(a.shape == t.shape and a.dtype == t.dtype for a, t in zip(self._agreed, tensors))
+    def _buffers_for(self, tensors):
+        """Two buffers shaped as ``tensors`` for an average to run in flight: what this rank sends, and what it
+        receives. The last average's, while the model keeps its shapes: nothing is in flight when an average
+        starts: allocating them at each average cost several times what copying into them does."""
+        if self._in_flight is None or not _fits(self._in_flight[0], tensors):
+            self._in_flight = tuple([torch.empty_like(t) for t in tensors] for _ in range(2))
+        return self._in_flight
 
     def _remember(self, world, tensors):
         """After an average: keep the model it left, which this rank's next exact bridge sends (into the same
         buffers, as long as the model keeps its shapes)."""
         if not world.plan.schedule.has_bridges or self.sparse.row_sets is not None:
             return
-        if self._agreed_fits(tensors):
+        if _fits(self._agreed, tensors):
             with torch.no_grad():
                 for a, t in zip(self._agreed, tensors):
                     a.copy_(t)
@@ -410,3 +419,16 @@ class Averaging:
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
 
+
+def _fits(buffers, tensors):
+    """Whether ``buffers`` (or None) can hold ``tensors``: as many, of the same shapes, dtypes and devices."""
+    return buffers is not None and len(buffers) == len(tensors) and all(
+        b.shape == t.shape and b.dtype == t.dtype and b.device == t.device for b, t in zip(buffers, tensors))
+
+
+def _copy_into(buffers, tensors):
+    """``tensors`` copied into ``buffers``; returns the buffers."""
+    with torch.no_grad():
+        for b, t in zip(buffers, tensors):
+            b.copy_(t)
+    return buffers
