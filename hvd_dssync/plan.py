@@ -205,10 +205,12 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     Not where the schedule does not ask for it. Where it asks and the optimizer cannot honour it (the Keras
     adapter; a lossy compression, whose reference moves with one average over every rank; the adaptive
     policy, which times its global averages as one; sparse averaging, whose row sets are gathered over every
-    rank; ``overlap=True``, whose average runs behind the local steps as one op, where the route's three
-    averages would each wait for the one before): ``global_via_bridges=True`` raises a ``ValueError`` naming
-    what stands in the way, ``"auto"`` (the default on racks in the PyTorch adapter) averages over every rank
-    at once. A pure function of its arguments: every rank decides or raises alike. No communication.
+    rank): ``global_via_bridges=True`` raises a ``ValueError`` naming what stands in the way, ``"auto"`` (the
+    default on racks in the PyTorch adapter) averages over every rank at once. With ``overlap=True``
+    (``overlapped``) the route's three averages would each wait for the one before: ``"auto"`` averages over
+    every rank at once, one op behind the local steps; ``True`` keeps the route, waited for, as the default's
+    trial of overlap does, while the group averages run behind the steps. A pure function of its arguments:
+    every rank decides or raises alike. No communication.
 
     Example::
 
@@ -222,6 +224,8 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
         False
         >>> routes_global_averages(TopologyAware(racks, global_via_bridges="auto"), "PyTorch", overlapped=True)
         False
+        >>> routes_global_averages(t, "PyTorch", overlapped=True)  # asked for: the route, waited for
+        True
         >>> routes_global_averages(t, "PyTorch", adaptive=True)
         Traceback (most recent call last):
         ...
@@ -231,14 +235,14 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     if not asked:
         return False
     beside = [what for what, given in (("a lossy compression", lossy_compression), ('policy="adaptive"', adaptive),
-                                      ("sparse_average", sparse), ("overlap=True", overlapped)) if given]
+                                      ("sparse_average", sparse)) if given]
     if adapter != "PyTorch":
         beside.insert(0, f"the {adapter} adapter (PyTorch's only)")
     if beside and asked is True:
         raise ValueError(f"Arg ``schedule_options``: global_via_bridges=True cannot be honoured with "
                          f"{' or '.join(beside)}; its global averages go through the racks in three averages, "
                          'waited for. Leave it out (or pass "auto") to average over every rank at once there.')
-    return not beside
+    return not beside and not (overlapped and asked == "auto")
 
 
 def carry_fate(kind):

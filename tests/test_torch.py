@@ -66,7 +66,7 @@ def test_a_stale_average_is_folded_in_exactly():
     averages overlapped too): averages run behind the local steps and are folded in late, and after
     synchronize_models every rank holds the mean of what the ranks computed; an exact bridge after an overlapped
     rack average sends the rack's average; evaluating the model on one rank folds in its average in flight;
-    overlap=True beside global_via_bridges=True is refused; one host runs no trial of overlap."""
+    overlap=True beside global_via_bridges=True keeps the route, waited for; one host runs no trial of overlap."""
     output = run("gloo", 4, "torch_overlap.py", timeout=120)
     assert output.count("all checks passed") == 4, output
 

@@ -39,9 +39,9 @@ class Averaging:
         average_buffers: False keeps the buffers local.
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
             in once done, at the latest where the next average starts. Given True, a global average on racks
-            goes over every rank at once, one op behind the steps (where the route is "auto"); where a trial
-            turns overlap on later (``overlap`` set per step), global averages keep their route, waited for,
-            as the trial timed them.
+            goes over every rank at once, one op behind the steps, where the route is "auto" (asked for, the
+            route is kept, waited for); where a trial turns overlap on later (``overlap`` set per step), global
+            averages keep their route, waited for, as the trial timed them.
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
 
@@ -65,7 +65,7 @@ class Averaging:
         self.model = model
         self.average_buffers = average_buffers
         self.overlap = overlap
-        self.overlaps_globals = overlap  # overlap=True: the global averages too, over every rank at once
+        self.overlaps_globals = overlap  # overlap=True: the global averages too, over every rank at once ("auto")
         self.compression = compression
         self.outer = OuterStep(outer_momentum)  # the checkpoint saves and loads its state
         # The last averaged model all ranks share, for lossy compression (see _average_differences).

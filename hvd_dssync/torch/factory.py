@@ -89,7 +89,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
             latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
             evaluating ``model`` fold it in first. A global average on racks then goes over every rank at
-            once, one op (refused beside ``global_via_bridges=True``, whose three averages are waited for).
+            once, one op; beside ``global_via_bridges=True`` it keeps the route, waited for (its three
+            averages would each wait for the one before), as the default's trial of overlap does.
             None (the default): in a job of several hosts, decided by a
             trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
             host, with a lossy compression, sparse averaging or the adaptive policy). False: every average is

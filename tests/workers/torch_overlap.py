@@ -99,15 +99,22 @@ def check_evaluation_folds_the_average_in_flight(steps):
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}")
 
 
-def check_route_refused_beside_overlap():
-    """Global averages sent through the racks on demand (``global_via_bridges=True``) cannot run behind the
-    local steps: ``overlap=True`` beside it is refused, on every rank alike."""
-    model = torch.nn.Linear(3, 1, bias=False)
-    common.expect_error(ValueError, ["overlap=True", "global_via_bridges=True", '"auto"'],
-                        lambda: dss.DistributedOptimizer(
-                            torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters(),
-                            overlap=True, schedule="topology", topology=[[0, 1], [2, 3]], global_every=4,
-                            schedule_options={"intra_steps": None, "global_via_bridges": True}))
+def check_route_kept_beside_overlap(steps):
+    """Global averages sent through the racks on demand (``global_via_bridges=True``) keep their route beside
+    ``overlap=True``, waited for (as the default's trial does), while the racks' averages run behind the
+    steps; the mean of what the ranks computed is kept throughout."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=2, global_every=4,
+                   schedule_options={"intra_steps": None, "global_via_bridges": True})
+    model, opt, kinds, in_flight = train(steps, overlap=True, **options)
+    plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
+    routed = [t for t in range(steps) if plan.global_route(t) is not None]
+    overlapped = [t for t in range(steps) if plan.action(t).kind == "group" and in_flight[t]]
+    check(routed and not any(in_flight[t] for t in routed) and overlapped,
+          f"global averages through the racks at steps {routed}, in flight after them: "
+          f"{[t for t in routed if in_flight[t]]}; rack averages in flight after steps {overlapped}")
+    dss.synchronize_models(model)
+    want = computed_mean(steps)
+    check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
 
 
 def check_one_host_runs_no_trial():
@@ -123,8 +130,8 @@ with behaviour("an exact bridge after an overlapped rack average sends the rack'
     check_bridge_sends_the_racks_average(10)
 with behaviour("evaluating the model folds in the average in flight, on that rank alone"):
     check_evaluation_folds_the_average_in_flight(6)
-with behaviour("overlap=True beside global averages through the racks on demand is refused"):
-    check_route_refused_beside_overlap()
+with behaviour("overlap=True beside global averages through the racks on demand keeps the route, waited for"):
+    check_route_kept_beside_overlap(21)
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)

@@ -83,6 +83,9 @@ CONFIGS = {
     # Averages behind the local steps, folded in once done (the default's choice where its trial keeps it).
     "dssync-every-4-overlap": {"average_every": 4, **BRIDGES, "overlap": True},
     "dssync-default-overlap": {"overlap": True},
+    # The same as the default's trial runs it where it keeps overlap: the global averages through the racks,
+    # waited for.
+    "dssync-default-overlap-route": {"overlap": True, "schedule_options": {"global_via_bridges": True}},
     "dssync-every-4-warmup": {"average_every": 4, **BRIDGES, "warmup_steps": "epoch"},
     # Post-local SGD in DS-Sync (one group of every rank, every 4 steps): PyTorch's periodic averager's rule.
     "dssync-one-group-every-4": {"schedule": "shuffle", "num_groups": 1, "average_every": 4},
