@@ -19,8 +19,8 @@ from .marks import MarkWatch, link_bytes
 from .metric import attach_curves
 from .catalog import CONTENDERS, HOROVOD_BSP
 
-__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "job_record", "run_ranks", "rank_env", "start_rendezvous",
-           "JobFailed"]
+__all__ = ["CONTENDERS", "HOROVOD_CONTENDERS", "run_contender", "job_record", "run_ranks", "rank_env",
+           "start_rendezvous", "JobFailed"]
 
 HOROVOD_CONTENDERS = tuple(c for c in CONTENDERS if c in HOROVOD_BSP or c.startswith("dssync-"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

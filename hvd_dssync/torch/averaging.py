@@ -318,8 +318,8 @@ class Averaging:
 
     def _buffers_for(self, tensors):
         """Two buffers shaped as ``tensors`` for an average to run in flight: what this rank sends, and what it
-        receives. The last average's, while the model keeps its shapes: nothing is in flight when an average
-        starts: allocating them at each average cost several times what copying into them does."""
+        receives. The last average's are used again while the model keeps its shapes (nothing is in flight
+        when an average starts): allocating them at each average cost several times the copies into them."""
         if self._in_flight is None or not _fits(self._in_flight[0], tensors):
             self._in_flight = tuple([torch.empty_like(t) for t in tensors] for _ in range(2))
         return self._in_flight
