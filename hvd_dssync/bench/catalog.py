@@ -99,7 +99,7 @@ DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
 # the first (no trial); "-overlap-p8": the same in the rhythm of the hierarchical averager at p = 8 (the rack
 # every 4 steps, every rank every 16) instead of the default's 8 and 32; "-overlap-r4": the racks every 4
 # steps, every rank every 32 as the default (a rack's models drift half as far; on 4 ranks of 2 cores its
-# step was no shorter than waited, docs/gpu.md); "-overlap-route": the racks' averages behind the steps, the
+# step was no shorter than waited, docs/CHANGELOG.md); "-overlap-route": the racks' averages behind the steps, the
 # global ones through the racks, waited for (``global_via_bridges=True``), as the default's trial runs it.
 DEFAULT_ARGUMENTS = {"dssync-default-overlap": {"overlap": True},
                      "dssync-default-overlap-p8": {"overlap": True, "average_every": 4, "global_every": 16},

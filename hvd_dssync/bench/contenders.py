@@ -170,7 +170,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
                 break
         watcher.join(timeout=5)
         return job_record(failed, contender, lambda: _tails(logs), out_path, config, marks, rate_changes,
-                          lambda: _read(logs[0]).splitlines())
+                          _read(logs[0]).splitlines())
     finally:
         watch_marks.stop()
         for proc in procs:
@@ -202,7 +202,7 @@ def _read(path):
 def job_record(failed, what, tail, out_path, config, marks, rate_changes, lines):
     """The record rank 0 wrote at ``out_path``, with what the bench adds to it: the accuracy curves
     (:func:`hvd_dssync.bench.metric.attach_curves`), the bytes over the links between rank 0's marks, the rate
-    changes that took place, and the first warnings of rank 0's output (``lines()``). Raises
+    changes that took place, and the first warnings of rank 0's output ``lines``. Raises
     :class:`JobFailed` naming ``what`` with ``tail()`` where the job ``failed`` (a reason) or wrote no record."""
     if failed is None and not os.path.exists(out_path):
         failed = "rank 0 wrote no record"
@@ -214,7 +214,7 @@ def job_record(failed, what, tail, out_path, config, marks, rate_changes, lines)
     record["links"] = link_bytes(marks)
     record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
                               for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
-    record["warnings"] = [line.strip() for line in lines() if "Warning" in line][:5]
+    record["warnings"] = [line.strip() for line in lines if "Warning" in line][:5]
     return record
 
 

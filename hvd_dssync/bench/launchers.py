@@ -159,7 +159,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             failed = f"timed out after {timeout:.0f}s"
         watcher.join(timeout=5)
         record = job_record(failed, f"{contender} ({launcher})", lambda: "".join(lines[-30:]), out_path, config,
-                            marks, rate_changes, lambda: lines)
+                            marks, rate_changes, lines)
         record["launcher"] = launcher
         return record
     finally:

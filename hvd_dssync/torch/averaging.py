@@ -205,8 +205,8 @@ class Averaging:
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
         if self.overlap:
-            sent, received = self._buffers_for(tensors)
-            sent = self._agreed_models(tensors) if bridge is not None else _copy_into(sent, tensors)
+            copy, received = self._buffers_for(tensors)
+            sent = self._agreed_models(tensors) if bridge is not None else _copy_into(copy, tensors)
             received = self._contribution(_copy_into(received, sent), bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
