@@ -5,7 +5,7 @@ flight under Gloo, its first ones under MPI; in Horovod as released every rank's
 A's op, so B's finish after it, from the first.
 
 Prints ``B FINISHED FIRST`` or ``B WAITED FOR A`` (all of B's averages against A's), and ``B BEGAN BESIDE A``
-or ``B BEGAN AFTER A`` (B's first average against A's), on rank 0, and checks every value. ``--big`` sets
+or ``B BEGAN AFTER A`` (B's first average within the first half of A's or not), on rank 0, and checks every value. ``--big`` sets
 A's tensor (floats), ``--small-ops`` B's count.
 """
 import argparse
@@ -47,7 +47,9 @@ a_done, b_done = max(times[0][0], times[1][0]), max(times[2][0], times[3][0])
 b_first = max(times[2][1], times[3][1])
 if RANK == 0:
     verdict = "B FINISHED FIRST" if b_done < a_done else "B WAITED FOR A"
-    began = "B BEGAN BESIDE A" if b_first < a_done else "B BEGAN AFTER A"
+    # B's first average against the first half of A's: a loop that waits for A completes B's first op in the
+    # cycle after A's, which may be read before A's ranks wake from their own wait (3.17 s against 3.17 s).
+    began = "B BEGAN BESIDE A" if b_first < a_done / 2 else "B BEGAN AFTER A"
     print(f"set A's {args.big * 4 / 1e6:.0f} MB average took {a_done:.2f} s; set B's {args.small_ops} averages "
           f"finished at {b_done:.2f} s, its first at {b_first:.2f} s: {verdict}; {began}", flush=True)
 print(f"rank {RANK}: all checks passed", flush=True)
