@@ -15,6 +15,14 @@ ranks' models some accuracy, spent for nothing where overlap does not pay). The 
 time alone, not what a stale average costs each step. ``overlap=True`` or ``False`` decides without a
 trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
+Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
+="auto"``: through the racks, waited for, or over every rank at once, behind the steps), the waited half
+decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`): in flight where
+what a global average cost the waited periods, over the racks' averages, is no more than the local steps of
+a period it could hide behind. A ring over every rank crosses the slow link as the route does: where it
+takes longer than a period's compute (a slow link, short steps), it would hold up the next average; where
+the compute covers it, the route's wait is saved. Unsure (nothing timed) is the route.
+
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
 import math
@@ -22,7 +30,8 @@ import time
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "runs_trial", "replicates", "averages_cycle", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
+__all__ = ["OverlapTrial", "runs_trial", "replicates", "averages_cycle", "global_places", "TRIAL_PERIODS", "MIN_GAIN",
+           "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -77,6 +86,23 @@ def averages_cycle(cycle, average_every, global_every):
     return every * cycle // math.gcd(every - 1, cycle)
 
 
+def global_places(plan, first, period, blocks):
+    """The averaging periods, of the ``blocks`` from step ``first`` on (``period`` steps each), that hold one of
+    ``plan``'s global averages (its ``action(step).kind``).
+
+    Example::
+
+        >>> from hvd_dssync.plan import SyncPlan
+        >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+        ...                 average_every=4, global_every=16)
+        >>> global_places(plan, first=4, period=4, blocks=8)
+        (2, 6)
+    """
+    from .policy import GLOBAL
+    return tuple(k for k in range(blocks)
+                 if any(plan.action(s).kind == GLOBAL for s in range(first + k * period, first + (k + 1) * period)))
+
+
 def _shorter(overlapped, waited):
     """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones, on average (NaN where
     nothing was timed)."""
@@ -90,6 +116,9 @@ class OverlapTrial:
     averages of each kind (whole cycles, at least ``periods`` averages, each place of the cycle at least
     twice, :func:`replicates`). The ranks gather their figures at :attr:`look` (after the first overlapped
     cycle: :meth:`decide` with ``early=True`` ends the trial where it saved too little) and at :attr:`last`.
+    ``globals_at``: the averaging periods of each half that hold a global average whose way the trial chooses
+    (:func:`global_places`; none: no choice, :attr:`globals_in_flight` stays False); then the ranks gather at
+    the waited half's last step too (:meth:`decide_globals`).
 
     Example::
 
@@ -108,7 +137,7 @@ class OverlapTrial:
         True
     """
 
-    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN):
+    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=()):
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
         self.cycle = max(1, int(cycle))
@@ -120,16 +149,29 @@ class OverlapTrial:
         self.gain = math.nan
         self.early = False  # decided at the first look
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
+        self.globals_at = tuple(int(k) for k in globals_at)
+        self.globals_in_flight = False  # the global averages over every rank at once, behind the steps
+        self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
+        self.route_cost = self.local_seconds = math.nan  # what decide_globals weighed
         self._last_end = None  # when the step before ended (step_ended)
 
     @classmethod
-    def of(cls, plan):
-        """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan` (or of anything with its ``policy``
-        and ``schedule``, as both adapters' optimizers have): after its warm-up, one period per average, whole
-        cycles of its averages' kinds (:func:`averages_cycle`)."""
+    def of(cls, plan, choose_globals=False):
+        """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan` (or of anything with its ``policy``,
+        ``schedule`` and ``action``, as both adapters' optimizers have): after its warm-up, one period per
+        average, whole cycles of its averages' kinds (:func:`averages_cycle`). ``choose_globals``: the global
+        averages may go either way (:meth:`decide_globals`)."""
         policy = plan.policy
-        return cls(policy.warmup_steps, policy.average_every,
-                   averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every))
+        trial = cls(policy.warmup_steps, policy.average_every,
+                    averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every))
+        if choose_globals:
+            trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
+        return trial
+
+    @property
+    def _globals_step(self):
+        """The waited half's last step, where the ranks decide the global averages' way (None: no choice)."""
+        return self.first + self.length - 1 if self.globals_at else None
 
     @property
     def last(self):
@@ -142,31 +184,73 @@ class OverlapTrial:
             return self.decided
         return step >= self.first + self.length
 
-    def note(self, step, seconds):
-        """A step's seconds, from the end of the step before to the end of this one."""
+    def note(self, step, seconds, local=False):
+        """A step's seconds, from the end of the step before to the end of this one; ``local``: a step with no
+        average (counted apart in the waited half, for :meth:`decide_globals`)."""
         if self.decided is None and self.first <= step <= self.last and math.isfinite(seconds):
-            self._seconds[(step - self.first) // self.period] += float(seconds)
+            block = (step - self.first) // self.period
+            self._seconds[block] += float(seconds)
+            if local and block < self.blocks:
+                self._local[block] += float(seconds)
 
     def due(self, step):
         """Whether the ranks gather their figures after ``step`` and decide (:meth:`figures`, then
         :meth:`decide`; at :attr:`look`, early)."""
-        return self.decided is None and step in (self.look, self.last)
+        return self.decided is None and step in (self.look, self.last, self._globals_step)
 
-    def step_ended(self, step, gather):
-        """What an adapter calls at the end of each step: notes the step's seconds, from the end of the step
-        before; at the trial's last step, decides from ``gather(figures)``, the adapter's allgather of
-        :meth:`figures` over the optimizer's ranks (a collective, at the same step on every rank). Returns the
-        decision taken at this step, or None."""
+    def step_ended(self, step, gather, local=False):
+        """What an adapter calls at the end of each step (``local``: one with no average): notes the step's
+        seconds, from the end of the step before; where :meth:`due`, decides from ``gather(figures)``, the
+        adapter's allgather of :meth:`figures` over the optimizer's ranks (a collective, at the same step on
+        every rank): the global averages' way at the waited half's last step, overlap at the look and the last
+        step. Returns the decision on overlap taken at this step, or None."""
         now = time.perf_counter()
         if self._last_end is not None:
-            self.note(step, now - self._last_end)
-        decided = self.decide(gather(self.figures()), early=step < self.last) if self.due(step) else None
+            self.note(step, now - self._last_end, local)
+        decided = None
+        if self.due(step):
+            gathered = gather(self.figures())
+            if step == self._globals_step:
+                self.decide_globals(gathered)
+            else:
+                decided = self.decide(gathered, early=step < self.last)
         self._last_end = time.perf_counter()
         return decided
 
     def figures(self):
-        """This rank's seconds of each averaging period of the trial, the waited ones first: one row."""
-        return self._seconds.reshape(1, -1).copy()
+        """This rank's seconds of each averaging period of the trial, the waited ones first, and where the
+        trial chooses the global averages' way, the waited periods' seconds of local steps: one row."""
+        row = np.concatenate([self._seconds, self._local]) if self.globals_at else self._seconds
+        return row.reshape(1, -1).copy()
+
+    def decide_globals(self, gathered):
+        """From every rank's :meth:`figures` at the end of the waited half: the global averages go over every rank
+        at once, behind the steps, in the overlapped half and after it where overlap stays (True), or through
+        the racks, waited for (False). What a global average cost is its waited period's seconds less the mean
+        of the other periods (the racks' averages), over the ranks and the periods that hold one; what could
+        hide it, the local steps of a period, the mean over the ranks and the periods without one. In flight
+        where the cost is no more than that: a ring over every rank takes about as long as the route (both
+        cross the slow link), and a longer one would hold up the next average. NaN (nothing timed) keeps the
+        route.
+
+        Example::
+
+            >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6))
+            >>> waited = [1.3, 1.2, 2.0, 1.2, 1.2, 1.3, 1.8, 1.2]   # each period: 7 local steps of 0.13 s, an average
+            >>> trial.decide_globals([waited + [0.0] * 8 + [0.91] * 8]), round(trial.route_cost, 2)
+            (True, 0.67)
+            >>> fast = [0.15, 0.17, 0.55, 0.16, 0.15, 0.17, 0.52, 0.16]   # 7 local steps of 0.013 s
+            >>> trial.decide_globals([fast + [0.0] * 8 + [0.09] * 8])
+            False
+        """
+        rows = np.asarray(gathered, dtype=float).reshape(-1, 3, self.blocks)
+        waited, local = rows[:, 0, :].mean(axis=0), rows[:, 2, :].mean(axis=0)
+        at = np.zeros(self.blocks, dtype=bool)
+        at[list(self.globals_at)] = True
+        self.route_cost = waited[at].mean() - waited[~at].mean() if (~at).any() else math.nan
+        self.local_seconds = local[~at].mean() if (~at).any() else math.nan
+        self.globals_in_flight = bool(self.route_cost <= self.local_seconds)  # False where either is NaN
+        return self.globals_in_flight
 
     def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
@@ -184,7 +268,7 @@ class OverlapTrial:
         only where the second cycle saved far more than the first; unsure is off); else None, the trial goes
         on.
         """
-        periods = np.asarray(gathered, dtype=float).reshape(-1, 2, self.blocks)
+        periods = np.asarray(gathered, dtype=float)[:, :2 * self.blocks].reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
         if early:
             # The first overlapped cycle holds each place once: its mean is set against the waited periods' mean,
@@ -215,4 +299,9 @@ class OverlapTrial:
         if math.isnan(self.gain):
             return f"overlap {'on' if self.decided else 'off'} (no trial)"
         cycle = ", its first overlapped cycle" if self.early else ""
-        return f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle})"
+        way = ""
+        if math.isfinite(self.route_cost):
+            way = (f"; global averages {'over every rank, in flight' if self.globals_in_flight else 'through the racks'}"
+                   f": the route cost {self.route_cost:.3g} s, a period's local steps {self.local_seconds:.3g} s")
+        return (f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle}"
+                f"{way})")

@@ -4,6 +4,7 @@ The namespace tests need root and network namespaces; elsewhere they are skipped
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -426,10 +427,14 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
 @pytest.mark.multirank
 def test_the_default_decides_overlap_by_a_trial_alike_on_every_rank():
     """4 emulated hosts of one rank: the swap's overlap=None runs the trial of both ways after its first
-    averaging period and every rank takes the same decision (at its first look or at its last step)."""
+    averaging period and every rank takes the same decision (at its first look or at its last step); on the
+    sensed racks, whose route is "auto", the waited half chose the global averages' way, and logged it. The
+    ranks' models are equal after synchronize_models() (tests/workers/torch_overlap_hosts.py)."""
     outputs = _on_four_hosts_in_two_racks("torch_overlap_hosts.py", "dssync-default", timeout=120)
     decided = [[line for line in out.splitlines() if line.startswith("OVERLAP ")] for out in outputs]
     assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
+    (logged,) = [line for line in outputs[0].splitlines() if line.startswith("LOGGED ")]
+    assert re.search(r"global averages (over every rank, in flight|through the racks): the route cost", logged), logged
 
 
 @needs_namespaces

@@ -1,4 +1,6 @@
 """The default's trial of overlap (hvd_dssync.overlap): the rule alone, on generated noisy step times."""
+import math
+
 import numpy as np
 import pytest
 
@@ -198,3 +200,109 @@ def test_the_first_look_ends_a_trial_where_nothing_is_hidden(hidden, noise):
         assert trial_of_ranks(rng, ranks, 0.05, 0.20, hidden, noise) == [False] * 8
         early += ranks[0].early
     assert early >= 90, early
+
+
+def trial_choosing_globals(rng, ranks, compute, rack, route, noise, ring=1.3):
+    """A trial on ``ranks`` ranks of the accelerator's schedule (an average every 8 steps, a cycle of 4: three
+    racks' averages, then a global one) that chooses the global averages' way: a step computes ``compute``
+    seconds, a rack's average costs ``rack`` (nothing hidden overlapped: what the racks showed on the emulated
+    cluster), a global one ``route`` through the racks, waited for, or in flight a ring of ``ring`` times that,
+    exposed past the period's local steps; each time noisy by a log-normal factor of sigma ``noise``. Every
+    rank's choice of the globals' way (taken at the waited half's last step, alike) and its decision on
+    overlap."""
+    trials = [OverlapTrial(0, 8, cycle=4, globals_at=(2, 6)) for _ in range(ranks)]
+    first = trials[0]
+    chose = first.first + first.length - 1  # the waited half's last step
+    for step in range(first.last + 1):
+        averaging = (step + 1) % 8 == 0
+        place = (step - first.first) // 8 % 4
+        for trial in trials:
+            seconds = compute * rng.lognormal(0.0, noise)
+            if averaging and place == 2:
+                if trial.overlap_at(step) and trial.globals_in_flight:
+                    seconds += max(0.0, ring * route - 7 * compute) * rng.lognormal(0.0, noise)
+                else:
+                    seconds += route * rng.lognormal(0.0, noise)
+            elif averaging:
+                seconds += rack * rng.lognormal(0.0, noise)
+            trial.note(step, seconds, local=not averaging)
+        due = {t.due(step) for t in trials}
+        assert len(due) == 1 and due.pop() is ((step in (chose, first.look, first.last)) and first.decided is None)
+        if first.due(step):
+            gathered = np.concatenate([t.figures() for t in trials])
+            assert gathered.shape == (ranks, 3 * first.blocks)
+            if step == chose:
+                assert not any(t.globals_in_flight for t in trials)
+                assert len({t.decide_globals(gathered) for t in trials}) == 1
+            else:
+                assert len({t.decide(gathered, early=step < t.last) for t in trials}) == 1
+    return trials[0].globals_in_flight, trials[0].decided
+
+
+@pytest.mark.parametrize("compute, rack, route, in_flight, overlap", [
+    (0.128, 0.15, 0.70, True, True),    # the accelerator at 4 ranks: 7 local steps (0.9 s) hide the ring
+    (0.05, 0.10, 0.20, True, True),     # a short global average behind 0.35 s of compute
+    (0.012, 0.06, 0.38, False, False),  # the static CPU-bound cluster: the ring would hold the next average up
+    (0.05, 0.10, 0.60, False, False),   # a global average twice a period's compute
+])
+@pytest.mark.parametrize("ranks, noise", [(4, 0.1), (8, 0.1), (8, 0.3)])
+def test_the_waited_half_chooses_the_global_averages_way_under_noise(compute, rack, route, in_flight, overlap,
+                                                                     ranks, noise):
+    """The global averages go in flight where what the route cost is within a period's local steps: the right
+    choice in at least 95 of 100 trials on noisy step times. The overlapped half then times that way: overlap
+    is kept where the globals' wait, the only thing there to hide, was hidden (95 of 100 where the noise is
+    small; under more noise a gain of a tenth of the steps is unsure: off, the safe choice), never where the
+    route stayed."""
+    rng = np.random.default_rng(int(compute * 1000 + route * 100 + ranks + 10 * noise))
+    chosen = [trial_choosing_globals(rng, ranks, compute, rack, route, noise) for _ in range(100)]
+    assert sum(way is in_flight for way, _ in chosen) >= 95, chosen
+    kept = sum(decided for _, decided in chosen)
+    assert kept >= 95 if overlap and noise <= 0.1 else kept <= (100 if overlap else 5), kept
+
+
+# The waited half of the default's trials (each rank's 8 periods, then its periods' seconds of local steps),
+# recorded on `python -m hvd_dssync bench --scenarios accelerator --ranks 4 --contenders dssync-default`, seed 0.
+ACCELERATOR_4_RANKS = [
+    [1.347, 1.207, 2.154, 1.145, 1.255, 1.278, 1.753, 1.215], [1.002, 1.02, 1.073, 0.953, 1.063, 0.916, 0.985, 1.034],
+    [1.342, 1.207, 2.157, 1.143, 1.255, 1.283, 1.767, 1.194], [1.081, 1.002, 0.995, 0.962, 1.066, 1.022, 0.953, 0.983],
+    [1.374, 1.233, 1.994, 1.217, 1.211, 1.275, 1.735, 1.227], [0.993, 0.96, 1.125, 0.937, 0.925, 0.957, 0.95, 1.028],
+    [1.398, 1.212, 2.012, 1.194, 1.232, 1.29, 1.727, 1.219], [1.146, 1.025, 0.962, 1.004, 1.037, 0.95, 0.952, 0.949]]
+# The static scenario's (8 ranks, seed 0): the means over the ranks of each place's periods, a local step 12 ms.
+STATIC_8_RANKS = [[0.151, 0.168, 0.538, 0.165] * 2, [7 * 0.012] * 8]
+
+
+@pytest.mark.parametrize("recorded, in_flight", [(ACCELERATOR_4_RANKS, True), (STATIC_8_RANKS, False)])
+def test_the_global_averages_way_on_recorded_figures(recorded, in_flight):
+    """On the accelerator the route cost 0.67 s against a period's 1.0 s of local steps: in flight. On the static
+    cluster 0.38 s against 0.08 s: the route, as the trial timed before it chose."""
+    trial = OverlapTrial(0, 8, cycle=4, globals_at=(2, 6))
+    rows = [recorded[k] + [0.0] * 8 + recorded[k + 1] for k in range(0, len(recorded), 2)]
+    assert trial.decide_globals(rows) is in_flight
+    assert trial.overlap_at(0) is False and "global averages" not in trial.describe()
+
+
+def test_unsure_keeps_the_route_and_no_choice_leaves_the_figures_as_they_were():
+    """NaN figures keep the route; a trial that does not choose (no global places) gathers no local seconds and
+    is not due at the waited half's end."""
+    trial = OverlapTrial(0, 8, cycle=4, globals_at=(2, 6))
+    assert trial.decide_globals([[math.nan] * 24]) is False and trial.globals_in_flight is False
+    plain = OverlapTrial(0, 8, cycle=4)
+    assert plain.figures().shape == (1, 16) and not plain.due(plain.first + plain.length - 1)
+    assert trial.figures().shape == (1, 24) and trial.due(trial.first + trial.length - 1)
+
+
+@pytest.mark.parametrize("options, chooses", [({}, True), ({"global_via_bridges": True}, True),
+                                              ({"global_via_bridges": False}, False)])
+def test_the_trial_of_a_plan_finds_its_global_places(options, chooses):
+    """``OverlapTrial.of(plan, choose_globals=True)``: the periods of each half that hold a global average, the
+    same places in both halves (whole cycles), where the plan has global averages on racks."""
+    from hvd_dssync.plan import SyncPlan
+    plan = SyncPlan(0, 8, schedule="topology", topology=[[0, 1, 2, 3], [4, 5, 6, 7]], average_every=8,
+                    global_every=32 if chooses else 0, schedule_options=options)
+    trial = OverlapTrial.of(plan, choose_globals=True)
+    kinds = [[plan.action(s).kind for s in range(trial.first + k * 8, trial.first + (k + 1) * 8)]
+             for k in range(2 * trial.blocks)]
+    places = tuple(k for k, period in enumerate(kinds) if "global" in period)
+    assert trial.globals_at == tuple(k for k in places if k < trial.blocks)
+    assert tuple(k - trial.blocks for k in places if k >= trial.blocks) == trial.globals_at
+    assert bool(trial.globals_at) is chooses

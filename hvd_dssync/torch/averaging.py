@@ -40,8 +40,8 @@ class Averaging:
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
             in once done, at the latest where the next average starts. Given True, a global average on racks
             goes over every rank at once, one op behind the steps, where the route is "auto" (asked for, the
-            route is kept, waited for); where a trial turns overlap on later (``overlap`` set per step), global
-            averages keep their route, waited for, as the trial timed them.
+            route is kept, waited for). The default's trial sets ``overlap`` and ``overlaps_globals`` per step
+            (:class:`.overlap_choice.OverlapChoice`: the global averages in flight where it chose so).
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
 
@@ -172,8 +172,8 @@ class Averaging:
         # The tables averaged by their rows are agreed by every rank at the first step after the warm-up. With
         # overlap=True a global average goes over every rank at once where the route is "auto": one op runs
         # behind the local steps, the route's three would each wait for the one before. The trial of overlap
-        # keeps the route: where a ring over every rank cannot hide behind a period (a slow link, short
-        # steps), its overlapped half cost more than the route waited for (docs/tuning.md).
+        # chooses (overlaps_globals): where a ring over every rank cannot hide behind a period (a slow link,
+        # short steps), it would cost more than the route waited for (docs/tuning.md).
         if route is not None and routes_global_averages(
                 world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,

@@ -90,10 +90,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
             evaluating ``model`` fold it in first. A global average on racks then goes over every rank at
             once, one op; beside ``global_via_bridges=True`` it keeps the route, waited for (its three
-            averages would each wait for the one before), as the default's trial of overlap does.
+            averages would each wait for the one before).
             None (the default): in a job of several hosts, decided by a
             trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
-            host, with a lossy compression, sparse averaging or the adaptive policy). False: every average is
+            host, with a lossy compression, sparse averaging or the adaptive policy); its waited half also
+            decides whether the global averages go through the racks, waited for, or over every rank, in
+            flight (where what the route cost is within a period's local steps). False: every average is
             waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning

@@ -28,7 +28,7 @@ import torch
 
 from ..join import JoinState
 from ..overlap import runs_trial
-from ..plan import BSP, SyncPlan, check_horovod_arguments, check_ranks_agree
+from ..plan import BSP, LOCAL, SyncPlan, check_horovod_arguments, check_ranks_agree, routes_global_averages
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
 from ..world import Done, World
@@ -99,7 +99,11 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
         trial = runs_trial(config.overlap, compression is not hvd.Compression.none, plan.adaptive is not None,
                            scope.world_size, hvd.size() > hvd.local_size())
-        self._overlap_choice = OverlapChoice(self._name, plan) if trial else None
+        # Where the schedule's global averages may go through the racks or over every rank at once ("auto"),
+        # the trial's waited half chooses (routes_global_averages: the route waited for, or one op in flight).
+        choose = (routes_global_averages(plan.schedule, "PyTorch")
+                  and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
+        self._overlap_choice = OverlapChoice(self._name, plan, choose) if trial else None
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -164,6 +168,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         action = self._plan.action(step)
         if self._overlap_choice is not None:
             self._averaging.overlap = self._overlap_choice.overlap_at(step, self._sparse.row_sets is not None)
+            self._averaging.overlaps_globals = self._overlap_choice.globals_in_flight_at(step)
         self._adaptive.drift = float("nan")
         if self._sparse.tables is None and self._sparse.enabled and action.kind != BSP:
             self._sparse.agree(self.process_set)
@@ -200,7 +205,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
                 self.last_sync = dict(self.last_sync or {"step": step, "kind": action.kind},
                                       decision=decision.as_dict())
         if self._overlap_choice is not None:
-            self._overlap_choice.end_step(world, step)
+            self._overlap_choice.end_step(world, step, action.kind == LOCAL)
         self._synchronized = False
         self.sync_step += 1
         return loss

@@ -19,18 +19,21 @@ class OverlapChoice:
         name: the optimizer's op names.
         plan: the optimizer's :class:`hvd_dssync.plan.SyncPlan` (the warm-up, the averaging period, and the
             schedule's cycle of averages).
+        choose_globals: the global averages may go through the racks or over every rank at once (the route is
+            ``"auto"``): the trial's waited half decides which (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
 
     Example::
 
-        choice = OverlapChoice("dssync.0", plan)
+        choice = OverlapChoice("dssync.0", plan, choose_globals=True)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
+        averaging.overlaps_globals = choice.globals_in_flight_at(step)
         ...                                  # the step
-        choice.end_step(world, step)         # an allgather at the trial's first look and its last step
+        choice.end_step(world, step, local)  # an allgather at the waited half's end, the first look, the last step
     """
 
-    def __init__(self, name, plan):
+    def __init__(self, name, plan, choose_globals=False):
         self.name = name
-        self.trial = OverlapTrial.of(plan)
+        self.trial = OverlapTrial.of(plan, choose_globals)
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
@@ -38,15 +41,20 @@ class OverlapChoice:
             self.trial.rule_out()
         return self.trial.overlap_at(step)
 
-    def end_step(self, world, step):
-        """Time the step; at the trial's first look and its last step, gather every rank's figures over the
-        optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the
-        decision taken at this step, or None."""
+    def globals_in_flight_at(self, step):
+        """Whether ``step``'s global average, if it has one, goes over every rank at once behind the steps (the
+        trial's choice, where overlap is on) rather than through the racks, waited for."""
+        return self.trial.overlap_at(step) and self.trial.globals_in_flight
+
+    def end_step(self, world, step, local):
+        """Time the step (``local``: one with no average); where the trial is due, gather every rank's figures over
+        the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the
+        decision on overlap taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()
 
-        decided = self.trial.step_ended(step, gather)
+        decided = self.trial.step_ended(step, gather, local)
         if decided is not None and world.scope.rank == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         return decided

@@ -1,11 +1,19 @@
 """One rank of a job of one rank per emulated host: the one-line swap's trial of overlap (hvd_dssync.overlap)
-runs after its first averaging period and decides alike on every rank, at its first look or at its last step;
-every rank prints what it decided."""
+runs after its first averaging period and decides alike on every rank, at its first look or at its last step,
+the global averages' way too where the racks' route is "auto"; every rank prints what it decided, rank 0 what
+it logged, and after synchronize_models() every rank holds the same model."""
+import logging
+
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
 from hvd_dssync.overlap import OverlapTrial
 
+logged = []
+handler = logging.Handler()
+handler.emit = lambda record: logged.append(record.getMessage())
+logging.getLogger("hvd_dssync").addHandler(handler)
+logging.getLogger("hvd_dssync").setLevel(logging.INFO)
 hvd.init()
 model = torch.nn.Linear(64, 8)
 opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
@@ -18,4 +26,10 @@ for step in range(last + 3):
     assert opt.overlap is (None if step < trial.look else opt.overlap), (step, opt.overlap)
 assert opt.overlap in (True, False), opt.overlap
 dss.synchronize_models(model)
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+models = hvd.allgather(flat.reshape(1, -1), name="test.models")
+assert all(torch.equal(models[0], m) for m in models), "the ranks' models differ after synchronize_models()"
+for message in logged:
+    if "overlap on" in message or "overlap off" in message:
+        print(f"LOGGED {message}", flush=True)
 print(f"OVERLAP {opt.overlap} after {last + 3} steps, every {opt.policy.average_every}", flush=True)
