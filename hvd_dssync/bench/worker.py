@@ -318,6 +318,7 @@ def run(config):
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
         "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
         "decisions": decisions, "sensed": getattr(opt, "sensed", None), "overlap": getattr(opt, "overlap", None),
+        "overlap_trial": getattr(opt, "overlap_trial", None),
         "task": config.get("task", "synthetic"), "snapshot_every": every, "snapshot_dtype": dtype,
     }
     if rank == 0:

@@ -80,6 +80,12 @@ class _DSSyncOptimizer(LocalSteps):
         return self._dssync.overlap
 
     @property
+    def overlap_trial(self):
+        """What the default's trial of overlap decided and from what it timed, as it logs it; None where no
+        trial runs (``overlap`` given, one host)."""
+        return self._dssync.overlap_trial
+
+    @property
     def dssync_decisions(self):
         """The adaptive policy's decisions so far (dicts, as the PyTorch adapter's ``last_sync["decision"]``)."""
         return self._dssync.adaptive.decisions

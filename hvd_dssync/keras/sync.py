@@ -310,6 +310,11 @@ class StepSync:
             return bool(self.config is not None and self.config.overlap)
         return self.choice.trial.decided
 
+    @property
+    def overlap_trial(self):
+        """What the default's trial decided and from what it timed, as it logs it; None where no trial runs."""
+        return None if self.choice is None else self.choice.trial.describe()
+
     def drain(self):
         """Fold in the average in flight (``overlap=True``, or the default's trial), eagerly; nothing otherwise.
         Call it on every rank, where the models must be what waited averages would have left

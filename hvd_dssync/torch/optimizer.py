@@ -131,6 +131,13 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         return self._overlap_choice.trial.decided
 
     @property
+    def overlap_trial(self):
+        """What the default's trial of overlap decided and from what it timed, as it logs it (e.g. ``"overlap on
+        (the overlapped steps 12% shorter; global averages over every rank, in flight: ...)"``); None where no
+        trial runs (``overlap`` given, one host)."""
+        return None if self._overlap_choice is None else self._overlap_choice.trial.describe()
+
+    @property
     def in_flight(self):
         """Whether an average runs behind the local steps (``overlap``), not yet folded in; :meth:`finish_pending`
         folds it in, as evaluating ``model`` (``model.eval()`` under ``torch.no_grad()``) does where it was given."""

@@ -44,6 +44,8 @@ def train(forced):
         assert opt.overlap is None or k > (trial.look if forced is None else last), (k, opt.overlap)
         step()
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is forced), (forced, opt.overlap)
+    assert forced is not None or opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'} ("), \
+        opt.overlap_trial
     dss.synchronize_models(model)
     want = -LR * steps * sum(r + 1 for r in range(hvd.size())) / hvd.size()
     got = kernel.numpy().reshape(-1)
