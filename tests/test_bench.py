@@ -96,6 +96,92 @@ def test_a_killed_run_is_cleaned_up_by_the_next():
     assert _leftovers(run_id) == []
 
 
+def _simulated_overlap(rng, steps, every, dtype):
+    """A rank's training with averages in flight, simulated: random local steps, an average sent every 4 steps
+    and folded in 1 to 4 steps later (a random move), each step a random number of seconds; the bench's
+    :class:`Snapshots` as the worker drives it. Returns the snapshots and, for each copy, the model an
+    evaluation at its step would have read (the live model plus the fold of the average then in flight) and
+    the training time at the end of the step that folded it."""
+    import torch
+    from hvd_dssync.bench.metric import Snapshots
+
+    model = torch.nn.Linear(3, 2)
+    snapshots = Snapshots(model, every, dtype)
+    pending, expected, clock = None, [], 0.0
+    for step in range(steps):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.from_numpy(rng.normal(size=tuple(p.shape)).astype(np.float32)))
+            if pending is not None and (step >= pending[0] or step % 4 == 3):
+                moves = [(name, torch.from_numpy(rng.normal(size=tuple(p.shape)).astype(np.float32)))
+                         for name, p in model.named_parameters()]
+                for (_, move), p in zip(moves, model.parameters()):
+                    p.add_(move)
+                snapshots.fold(moves)
+                flat = np.concatenate([m.reshape(-1).numpy() for _, m in moves])
+                folded_step, pending = step, None
+                for want in expected:
+                    if want["awaits"]:
+                        want.update(model=want["model"] + flat, awaits=False, step=folded_step)
+        if pending is None and step % 4 == 3:
+            pending = (step + int(rng.integers(1, 5)),)
+        clock += float(rng.uniform(0.1, 0.2))
+        snapshots.stamp(clock)
+        for want in expected:
+            if want.get("step") == step:
+                want["seen"] = clock
+        if snapshots.due(step + 1):
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+            snapshots.take(step + 1, clock, pending is not None)
+            expected.append({"model": flat, "awaits": pending is not None, "seen": clock})
+    return snapshots, expected
+
+
+@pytest.mark.parametrize("every, dtype", [(1, "float32"), (3, "float32"), (5, "float16")])
+def test_a_copy_taken_with_an_average_in_flight_is_read_as_an_evaluation_reads_it(every, dtype):
+    """100 simulated runs each: every copy ends as the model an evaluation at its step would have read (the
+    average then in flight folded in), with the seconds until that fold's step ended as its delay; a copy with
+    nothing in flight is the live model, at no delay."""
+    rng = np.random.default_rng(every)
+    folded = 0
+    for _ in range(100):
+        snapshots, expected = _simulated_overlap(rng, int(rng.integers(8, 40)), every, dtype)
+        assert len(snapshots.copies) == len(expected)
+        for copy, time, delay, want in zip(snapshots.copies, snapshots.times, snapshots.delays, expected):
+            if want["awaits"]:  # still in flight at the end: the live reading, as taken
+                assert delay == 0.0
+            tolerance = 1e-5 if dtype == "float32" else 1e-2 * max(1.0, float(np.abs(want["model"]).max()))
+            assert copy.dtype == np.dtype(dtype) and np.allclose(copy.astype(np.float32), want["model"],
+                                                                 atol=tolerance)
+            assert time + delay == pytest.approx(want["seen"])
+            folded += delay > 0
+    assert folded > 100
+
+
+def test_the_curves_read_rank_0_and_the_consensus_when_their_readings_were_to_be_had(tmp_path):
+    """Rank 0's accuracy is timed at its copy's fold (``accuracy_time``), the consensus at the latest rank's
+    (``consensus_accuracy_time``); the time to a target is the soonest such time among the points that reach
+    it, so that a later copy read sooner counts."""
+    import torch
+    from hvd_dssync.bench.metric import curves
+
+    model = torch.nn.Linear(2, 2, bias=False)
+    x_test, y_test = np.eye(2, dtype=np.float32), np.array([0, 1])
+    right, wrong = np.eye(2, dtype=np.float32).reshape(-1), np.array([0, 1, 1, 0], dtype=np.float32)
+    paths = []
+    for rank, delays in enumerate([[0.0, 0.5, 0.0], [0.0, 0.2, 0.9]]):
+        paths.append(str(tmp_path / f"r.rank{rank}.npz"))
+        np.savez(paths[-1], steps=np.array([1, 2, 3]), times=np.array([1.0, 2.0, 3.0]), delays=np.array(delays),
+                 copies=np.stack([wrong, right, right]))
+    curve = curves(paths, model, x_test, y_test, targets=(0.95,))
+    assert [p["accuracy"] for p in curve] == [0.0, 1.0, 1.0]
+    assert [p["accuracy_time"] for p in curve] == [1.0, 2.5, 3.0]
+    assert [p["consensus_accuracy_time"] for p in curve] == [1.0, 2.5, 3.9]
+    assert report.time_to_target(curve, 0.95) == 2.5
+    assert report.time_to_target(curve, 0.95, "consensus_accuracy") == 2.5
+    assert not any(os.path.exists(path) for path in paths)
+
+
 def test_snapshots_further_apart_than_asked_are_an_odd_number_of_steps_apart():
     """Sizes drawn at random: the copies fit the budget at the fewest steps apart, and where they are
     further apart than ``eval_every`` the spacing is odd, so that a run's copies fall at every place of an

@@ -89,22 +89,34 @@ def snapshot_every(parameters, steps, eval_every, budget=SNAPSHOT_BUDGET_BYTES):
 class Snapshots:
     """One rank's model copies with the training clock at each, written to ``path`` after training.
 
+    A copy taken while an average runs behind the steps (``overlap``) is read as evaluating the model then would
+    have read it: an evaluation folds the average in first, waiting for it. So :meth:`fold` (the optimizer's
+    fold hook) adds what the fold moved to every copy taken while that average was in flight, and :meth:`stamp`,
+    after the step that folded it, notes the training seconds from the copy until then: its delay, when that
+    reading was there to be had (the end of the folding step: no sooner than an evaluation would have had it).
+
     Example::
 
         snapshots = Snapshots(model, every=2, dtype="float32")
+        opt.register_fold_hook(snapshots.fold)          # where the optimizer may overlap its averages
         ...
-        snapshots.take(step + 1, train_clock)   # off the clock, on the steps it asks for
+        opt.step()
+        snapshots.stamp(train_clock)                    # after each step
+        snapshots.take(step + 1, train_clock, opt.in_flight)   # off the clock, on the steps it asks for
         snapshots.write(f"{out}.rank{rank}.npz")
     """
 
     def __init__(self, model, every, dtype):
         self.model, self.every, self.dtype = model, every, dtype
-        self.steps, self.times, self.copies = [], [], []
+        self.steps, self.times, self.delays, self.copies = [], [], [], []
+        self._awaiting, self._folded = [], []  # copies whose average is in flight; folded, not yet stamped
 
     def due(self, step):
         return step % self.every == 0
 
-    def take(self, step, clock):
+    def take(self, step, clock, in_flight=False):
+        """A copy of the model at ``step`` and training time ``clock``; ``in_flight``: an average runs behind the
+        steps (the copy is corrected where it is folded in)."""
         import torch
 
         with torch.no_grad():
@@ -112,9 +124,35 @@ class Snapshots:
         self.copies.append(flat.numpy().astype(self.dtype))
         self.steps.append(step)
         self.times.append(clock)
+        self.delays.append(0.0)
+        if in_flight:
+            self._awaiting.append(len(self.copies) - 1)
+
+    def fold(self, moves):
+        """The optimizer's fold hook: ``moves``, ``(name, tensor)`` of what the fold added to the model (the
+        parameters' names of ``model.named_parameters()``), added to each copy taken while it was in flight."""
+        if not self._awaiting:
+            return
+        import torch
+
+        by_name = dict(moves)
+        with torch.no_grad():
+            flat = torch.cat([by_name[name].detach().reshape(-1).float() if name in by_name
+                              else torch.zeros(p.numel()) for name, p in self.model.named_parameters()])
+        flat = flat.numpy()
+        for k in self._awaiting:
+            self.copies[k] = (self.copies[k].astype(np.float32) + flat).astype(self.dtype)
+        self._folded += self._awaiting
+        self._awaiting = []
+
+    def stamp(self, clock):
+        """After a step, at training time ``clock``: the copies corrected during it were to be had from then."""
+        for k in self._folded:
+            self.delays[k] = clock - self.times[k]
+        self._folded = []
 
     def write(self, path):
-        np.savez(path, steps=np.array(self.steps), times=np.array(self.times),
+        np.savez(path, steps=np.array(self.steps), times=np.array(self.times), delays=np.array(self.delays),
                  copies=np.stack(self.copies) if self.copies else np.zeros((0, 0), self.dtype))
 
 
@@ -128,9 +166,11 @@ def _accuracy(model, flat, x, y):
 
 def curves(paths, model, x_test, y_test, targets=(0.95, 0.97), thin_after=5):
     """Rank 0's and the consensus model's test accuracy at every snapshot of the ranks' files ``paths``
-    (rank 0's first), as the record's curve: ``[{"step", "time", "accuracy", "consensus_accuracy"}]``. Once
-    both curves have reached every target, only every ``thin_after``-th snapshot is evaluated (and the last).
-    The files are removed.
+    (rank 0's first), as the record's curve: ``[{"step", "time", "accuracy", "accuracy_time",
+    "consensus_accuracy", "consensus_accuracy_time"}]``. ``time`` is rank 0's training clock at the copy;
+    ``accuracy_time`` when rank 0's reading was to be had (later where an average in flight was folded into the
+    copy: :class:`Snapshots`); ``consensus_accuracy_time`` when every rank's was. Once both curves have reached
+    every target, only every ``thin_after``-th snapshot is evaluated (and the last). The files are removed.
     """
     import torch
 
@@ -139,6 +179,7 @@ def curves(paths, model, x_test, y_test, targets=(0.95, 0.97), thin_after=5):
     try:
         steps, times = loaded[0]["steps"], loaded[0]["times"]
         copies = [f["copies"] for f in loaded]
+        delays = [f["delays"] if "delays" in f.files else np.zeros(len(f["steps"])) for f in loaded]
         count = min(len(c) for c in copies)
         x, y = torch.from_numpy(x_test), torch.from_numpy(y_test)
         out, reached = [], False
@@ -149,7 +190,8 @@ def curves(paths, model, x_test, y_test, targets=(0.95, 0.97), thin_after=5):
             mean = np.mean([c[k].astype(np.float32) for c in copies], axis=0)
             consensus = _accuracy(model, mean, x, y)
             out.append({"step": int(steps[k]), "time": float(times[k]), "accuracy": rank0,
-                        "consensus_accuracy": consensus})
+                        "accuracy_time": float(times[k] + delays[0][k]), "consensus_accuracy": consensus,
+                        "consensus_accuracy_time": float(times[k] + max(d[k] for d in delays))})
             reached = reached or min(rank0, consensus) >= max(targets)
         return out
     finally:

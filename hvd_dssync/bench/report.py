@@ -112,10 +112,20 @@ def estimate_bottleneck_bytes(contender, steps, racks, model_bytes, config, sens
 
 
 def time_to_target(curve, target, key="accuracy"):
-    for point in curve:
-        if point.get(key) is not None and point[key] >= target:
-            return point["time"]
-    return None
+    """The soonest training time at which ``key`` (rank 0's ``"accuracy"``, or ``"consensus_accuracy"``) of a
+    point of ``curve`` reached ``target``: the point's ``key + "_time"`` (later than its copy's ``time`` where an
+    average in flight was folded into it), else its ``time``; None where none did.
+
+    Example::
+
+        >>> curve = [{"time": 1.0, "accuracy": 0.9}, {"time": 2.0, "accuracy": 0.96, "accuracy_time": 3.5},
+        ...          {"time": 3.0, "accuracy": 0.97, "accuracy_time": 3.0}]
+        >>> time_to_target(curve, 0.95), time_to_target(curve, 0.99)
+        (3.0, None)
+    """
+    times = [point.get(f"{key}_time", point["time"]) for point in curve
+             if point.get(key) is not None and point[key] >= target]
+    return min(times, default=None)
 
 
 def summarize(record, scenario, config):

@@ -252,6 +252,10 @@ def run(config):
     every, dtype = snapshot_every(params, config["steps"], config["eval_every"],
                                   config.get("snapshot_budget_bytes", SNAPSHOT_BUDGET_BYTES))
     snapshots = Snapshots(model, every, dtype)
+    # A copy taken with an average in flight is read as an evaluation reads it: the average folded in.
+    folds = hasattr(opt, "register_fold_hook") and not OUTER_MOMENTUM.get(name)
+    if folds:
+        opt.register_fold_hook(snapshots.fold)
     compute_wait = config.get("compute_ms", 0.0) / 1e3  # an accelerator's compute, emulated: the CPU stays free
     comm.max_flag(0)
     if rank == 0:
@@ -295,13 +299,18 @@ def run(config):
         else:
             sync_times.append(max(0.0, elapsed - compute_seconds))
         train_clock += elapsed
+        snapshots.stamp(train_clock)
         last = step == config["steps"] - 1
         if snapshots.due(step + 1) or last:
-            snapshots.take(step + 1, train_clock)  # off the clock: evaluated by the bench after the job
+            # Off the clock: evaluated by the bench after the job.
+            snapshots.take(step + 1, train_clock, folds and opt.in_flight)
             curve.append({"step": step + 1, "time": train_clock, "train_loss": float(np.mean(losses))})
             losses = []
             if rank == 0 and train_clock > config["max_train_seconds"]:
                 stop.announce(step)
+    if folds and opt.in_flight:
+        opt.finish_pending()  # the last copies, as an evaluation after training reads them
+        snapshots.stamp(train_clock)
     comm.max_flag(0)
     if rank == 0:
         print("MARK end", flush=True)

@@ -6,7 +6,9 @@ riding along. Around it: the window's process sets, exact bridges (a bridge rank
 rack's next average), averaging in flight (``overlap``), the reference for lossy compression, and the outer
 step (:mod:`.outer_step`).
 """
+import collections
 import time
+from typing import NamedTuple
 
 import horovod.torch as hvd
 import torch
@@ -18,6 +20,22 @@ from . import collectives
 from .outer_step import OuterStep
 
 __all__ = ["Averaging"]
+
+
+class _InFlight(NamedTuple):
+    """An average running behind the local steps (``overlap``), until :meth:`Averaging.finish_pending`."""
+    handle: int
+    names: list  # what the tensors are, for the fold hooks
+    tensors: list  # the live model's tensors, which the fold moves
+    sent: list  # what this rank sent (for an exact bridge, the model it agreed on)
+    received: list  # the average, once done
+    signature: torch.Tensor
+    action: object
+    step: int
+    process_set: object
+    issued: float  # seconds the issue delayed the step
+    nbytes: int
+    bridge: object
 
 
 class Averaging:
@@ -74,6 +92,9 @@ class Averaging:
         self._carry = None  # what an exact bridge left to add to this rank's next group average
         self._agreed = None  # the model right after this rank's last average: what an exact bridge sends
         self._in_flight = None  # overlap: the buffers of an average in flight, kept for the next (_buffers_for)
+        # Called with what each fold of an average in flight added to the model (the optimizer's
+        # register_fold_hook).
+        self.fold_hooks = collections.OrderedDict()
 
     def tensors(self):
         """``(name, tensor)`` of what a step averages, looked up now: the parameters the optimizer trains and
@@ -161,7 +182,8 @@ class Averaging:
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             # An average in flight runs on through the local steps and is folded in once done (a poll, never
             # a wait), at the latest where the next average starts.
-            landed = self.finish_pending(world) if self._pending is not None and hvd.poll(self._pending[0]) else None
+            done = self._pending is not None and hvd.poll(self._pending.handle)
+            landed = self.finish_pending(world) if done else None
             return Done(action) if landed is None else landed
         finished = self.finish_pending(world)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
@@ -210,8 +232,8 @@ class Averaging:
             received = self._contribution(_copy_into(received, sent), bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
-            self._pending = (handle, tensors, sent, received, signature, action, step, process_set,
-                             time.perf_counter() - started, sent_bytes, bridge)
+            self._pending = _InFlight(handle, [n for n, _ in named], tensors, sent, received, signature, action,
+                                      step, process_set, time.perf_counter() - started, sent_bytes, bridge)
             return finished
         self._in_flight = None  # waited for: no buffers kept (overlap off, or the trial's waited half)
         # A bridge averages copies of the model this rank agreed on with its rack; anything else, the model.
@@ -291,23 +313,34 @@ class Averaging:
         in flight."""
         if self._pending is None:
             return None
-        handle, tensors, sent, received, signature, action, step, process_set, issued, nbytes, bridge = self._pending
-        self._pending = None
+        pending, self._pending = self._pending, None
+        action, step, tensors, bridge = pending.action, pending.step, pending.tensors, pending.bridge
         started = time.perf_counter()
         with self.guard.bounded(world, action, step):
-            collectives.wait(handle)
-        self.guard.check(world, signature * len(action.group), action, process_set, step)
+            collectives.wait(pending.handle)
+        self.guard.check(world, pending.signature * len(action.group), action, pending.process_set, step)
+        folded = self._folded(pending.names)
         if bridge is not None:
-            self._cross(tensors, sent, received, bridge)
+            self._cross(tensors, pending.sent, pending.received, bridge, folded)
         else:
             with torch.no_grad():  # the difference into the copy of what was sent, which is not read again
-                for tensor, before, averaged in zip(tensors, sent, received):
-                    tensor.add_(torch.sub(averaged, before, out=before))
+                moves = [torch.sub(averaged, before, out=before) for before, averaged in zip(pending.sent,
+                                                                                           pending.received)]
+                for tensor, move in zip(tensors, moves):
+                    tensor.add_(move)
+            folded(moves)
         self._outer_step()
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
-        self._remember(world, tensors if bridge is not None else received)
-        return Done(action, issued + time.perf_counter() - started, nbytes, overlapped=True)
+        self._remember(world, tensors if bridge is not None else pending.received)
+        return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
+
+    def _folded(self, names):
+        """What tells the fold hooks what a fold added to each tensor (``names``: what the tensors are)."""
+        def folded(moves):
+            for hook in list(self.fold_hooks.values()):
+                hook(list(zip(names, moves)))
+        return folded
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be
@@ -336,13 +369,16 @@ class Averaging:
         else:
             self._agreed = [t.detach().clone() for t in tensors]
 
-    def _cross(self, tensors, sent, averaged, bridge):
+    def _cross(self, tensors, sent, averaged, bridge, folded=None):
         """An exact bridge's average is in: move the model (``tensors``) by what it moved the agreed model
-        (``sent``, unscaled) and keep ``bridge.carry`` times that move for the next group average."""
+        (``sent``, unscaled), tell ``folded`` the moves, and keep ``bridge.carry`` times that move for the next
+        group average."""
         with torch.no_grad():
             moves = [a - s for a, s in zip(averaged, sent)]
             for t, move in zip(tensors, moves):
                 t.add_(move)
+        if folded is not None:
+            folded(moves)
         self._carry = [move.mul_(bridge.carry) for move in moves] if bridge.carry else None
 
     @staticmethod

@@ -143,6 +143,30 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         folds it in, as evaluating ``model`` (``model.eval()`` under ``torch.no_grad()``) does where it was given."""
         return self._averaging.in_flight
 
+    def register_fold_hook(self, hook):
+        """Call ``hook(moves)`` each time an average in flight (``overlap``) is folded in, with what the fold
+        added to this rank's model: ``moves``, a list of ``(name, tensor)`` of the averaged tensors (the trained
+        parameters by their names in ``named_parameters``, then ``"buffer.<name>"``), to be read during the
+        call only. What the model was when the average was in flight, plus the moves, is what evaluating it
+        then would have given, once the average was done: e.g. a copy of the model kept for a later evaluation.
+        Returns a handle whose ``remove()`` unregisters the hook.
+
+        Example::
+
+            kept = {name: p.detach().clone() for name, p in model.named_parameters()}  # an average in flight
+            handle = opt.register_fold_hook(lambda moves: [kept[name].add_(move) for name, move in moves
+                                                           if name in kept])
+            ...                            # steps: once it is folded in, kept is what evaluating the model gave
+            handle.remove()
+        """
+        if self._config.outer_momentum:
+            raise ValueError(
+                f"register_fold_hook: outer_momentum={self._config.outer_momentum} moves the model after each "
+                "fold by an outer step too, which the moves passed to the hook would not include")
+        handle = torch.utils.hooks.RemovableHandle(self._averaging.fold_hooks)
+        self._averaging.fold_hooks[handle.id] = hook
+        return handle
+
     @property
     def sensed(self):
         """What ``topology="auto"`` found and its cost (a dict; None where nothing was sensed): where the racks

@@ -99,6 +99,41 @@ def check_evaluation_folds_the_average_in_flight(steps):
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}")
 
 
+def check_fold_hooks_see_what_a_fold_added():
+    """A copy of the model taken with an average in flight, plus what the fold hooks are told the fold added
+    once it lands (steps later), is what evaluating the model then gives: the mean of the ranks' copies (one
+    group of every rank, averaged every 4 steps: nothing local since it was sent). A removed hook is not
+    called; with ``outer_momentum`` (whose outer step the moves would not include) registering is refused."""
+    model, opt, _, in_flight = train(4, overlap=True, average_every=4, schedule="shuffle", num_groups=1)
+    check(in_flight[-1], f"in flight after the averaging step: {in_flight}")
+    copy = model.weight.detach().clone()
+    want = hvd.allgather(copy, name="test.copies").mean(dim=0, keepdim=True)
+    calls = []
+
+    def hook(moves):
+        calls.append([name for name, _ in moves])
+        copy.add_(dict(moves)["weight"])
+
+    handle = opt.register_fold_hook(hook)
+    c = torch.full((1, 3), float(RANK + 1))
+    for step in range(4, 12):
+        opt.zero_grad()
+        (model.weight * c).sum().backward()
+        opt.step()
+        if calls:  # folded in: the next average's fold, by step 11 at the latest, must not reach the hook
+            handle.remove()
+    check(calls == [["weight"]] and torch.allclose(copy, want, atol=1e-6),
+          f"hook calls {calls}; the copy corrected {copy.tolist()}, what evaluating gave {want.tolist()}")
+    dss.synchronize_models(model)
+    try:
+        dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters(),
+                                 overlap=True, outer_momentum=0.5).register_fold_hook(hook)
+    except ValueError as error:
+        check("outer_momentum=0.5" in str(error), f"the refusal {error}")
+    else:
+        check(False, "register_fold_hook beside outer_momentum was not refused")
+
+
 def check_route_kept_beside_overlap(steps):
     """Global averages sent through the racks on demand (``global_via_bridges=True``) keep their route beside
     ``overlap=True``, waited for (as the default's trial does), while the racks' averages run behind the
@@ -130,6 +165,8 @@ with behaviour("an exact bridge after an overlapped rack average sends the rack'
     check_bridge_sends_the_racks_average(10)
 with behaviour("evaluating the model folds in the average in flight, on that rank alone"):
     check_evaluation_folds_the_average_in_flight(6)
+with behaviour("the fold hooks see what a fold added to the model"):
+    check_fold_hooks_see_what_a_fold_added()
 with behaviour("overlap=True beside global averages through the racks on demand keeps the route, waited for"):
     check_route_kept_beside_overlap(21)
 with behaviour("one host runs no trial of overlap"):
