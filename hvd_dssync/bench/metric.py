@@ -14,6 +14,7 @@ that no rank computes or waits for an evaluation while the contenders train. Two
 Which samples are tested is drawn from the run's seed; the data set itself is the same for every seed.
 """
 import os
+import time
 
 import numpy as np
 
@@ -110,6 +111,7 @@ class Snapshots:
         self.model, self.every, self.dtype = model, every, dtype
         self.steps, self.times, self.delays, self.copies = [], [], [], []
         self._awaiting, self._folded = [], []  # copies whose average is in flight; folded, not yet stamped
+        self.seconds = 0.0  # spent in fold, to be kept off the training clock
 
     def due(self, step):
         return step % self.every == 0
@@ -130,20 +132,23 @@ class Snapshots:
 
     def fold(self, moves):
         """The optimizer's fold hook: ``moves``, ``(name, tensor)`` of what the fold added to the model (the
-        parameters' names of ``model.named_parameters()``), added to each copy taken while it was in flight."""
+        parameters' names of ``model.named_parameters()``), added to each copy taken while it was in flight.
+        Its seconds are bookkeeping, kept off the training clock as :meth:`take`'s are (:attr:`seconds`)."""
         if not self._awaiting:
             return
         import torch
 
+        started = time.perf_counter()
         by_name = dict(moves)
         with torch.no_grad():
             flat = torch.cat([by_name[name].detach().reshape(-1).float() if name in by_name
                               else torch.zeros(p.numel()) for name, p in self.model.named_parameters()])
-        flat = flat.numpy()
-        for k in self._awaiting:
-            self.copies[k] = (self.copies[k].astype(np.float32) + flat).astype(self.dtype)
+            for k in self._awaiting:
+                copy = torch.from_numpy(self.copies[k])  # the same memory: corrected in place
+                copy.copy_(copy.float().add_(flat))
         self._folded += self._awaiting
         self._awaiting = []
+        self.seconds += time.perf_counter() - started
 
     def stamp(self, clock):
         """After a step, at training time ``clock``: the copies corrected during it were to be had from then."""
