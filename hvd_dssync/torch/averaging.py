@@ -319,28 +319,27 @@ class Averaging:
         with self.guard.bounded(world, action, step):
             collectives.wait(pending.handle)
         self.guard.check(world, pending.signature * len(action.group), action, pending.process_set, step)
-        folded = self._folded(pending.names)
         if bridge is not None:
-            self._cross(tensors, pending.sent, pending.received, bridge, folded)
+            self._cross(tensors, pending.sent, pending.received, bridge, fold_names=pending.names)
         else:
             with torch.no_grad():  # the difference into the copy of what was sent, which is not read again
-                moves = [torch.sub(averaged, before, out=before) for before, averaged in zip(pending.sent,
-                                                                                           pending.received)]
+                moves = [torch.sub(averaged, before, out=before)
+                         for before, averaged in zip(pending.sent, pending.received)]
                 for tensor, move in zip(tensors, moves):
                     tensor.add_(move)
-            folded(moves)
+            self._tell_fold_hooks(pending.names, moves)
         self._outer_step()
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
         self._remember(world, tensors if bridge is not None else pending.received)
         return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
 
-    def _folded(self, names):
-        """What tells the fold hooks what a fold added to each tensor (``names``: what the tensors are)."""
-        def folded(moves):
+    def _tell_fold_hooks(self, names, moves):
+        """Tell the fold hooks what a fold added to each tensor (``names``: what the tensors are)."""
+        if self.fold_hooks:
+            named = list(zip(names, moves))
             for hook in list(self.fold_hooks.values()):
-                hook(list(zip(names, moves)))
-        return folded
+                hook(named)
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be
@@ -369,16 +368,17 @@ class Averaging:
         else:
             self._agreed = [t.detach().clone() for t in tensors]
 
-    def _cross(self, tensors, sent, averaged, bridge, folded=None):
+    def _cross(self, tensors, sent, averaged, bridge, fold_names=None):
         """An exact bridge's average is in: move the model (``tensors``) by what it moved the agreed model
-        (``sent``, unscaled), tell ``folded`` the moves, and keep ``bridge.carry`` times that move for the next
-        group average."""
+        (``sent``, unscaled) and keep ``bridge.carry`` times that move for the next group average. ``fold_names``:
+        the tensors' names where this is the fold of an average in flight, whose moves the fold hooks are told
+        before the carry is scaled."""
         with torch.no_grad():
             moves = [a - s for a, s in zip(averaged, sent)]
             for t, move in zip(tensors, moves):
                 t.add_(move)
-        if folded is not None:
-            folded(moves)
+        if fold_names is not None:
+            self._tell_fold_hooks(fold_names, moves)
         self._carry = [move.mul_(bridge.carry) for move in moves] if bridge.carry else None
 
     @staticmethod
