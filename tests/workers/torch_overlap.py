@@ -64,10 +64,26 @@ def check_stale_fold_is_exact(steps, **kwargs):
 
 def check_bridge_sends_the_racks_average(steps):
     """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
-    holds the local step taken before the rack's average was folded in."""
+    holds the local step taken before the rack's average was folded in. Every step moves the model by its
+    local step (``-lr * c``) and what the fold hooks are told its fold added (nothing where the rank sits a
+    bridge out, alone): the exact bridges' folds (their moves, before the carry is scaled) as the racks'."""
     options = common.BRIDGE_EVERY_STEP
-    model, opt, kinds, _ = train(steps, overlap=True, **options)
+    model, opt, kinds, _ = train(1, overlap=True, **options)
+    told, moved = [], []  # each step's: what the hooks were told its folds added; what it moved beyond -lr * c
+    opt.register_fold_hook(lambda moves: told[-1].add_(dict(moves)["weight"]))
+    c = torch.full((1, 3), float(RANK + 1))
+    for _ in range(1, steps):
+        before = model.weight.detach().clone()
+        told.append(torch.zeros(1, 3))
+        opt.zero_grad()
+        (model.weight * c).sum().backward()
+        opt.step()
+        kinds.append((opt.last_sync or {}).get("kind"))
+        moved.append(model.weight.detach() - before + LR * c)
     check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
+    check(any(m.abs().sum() > 0 for m in moved) and all(torch.allclose(t, m, atol=1e-5) for t, m in zip(told, moved)),
+          f"the fold hooks told {[t.tolist() for t in told]}; the steps moved the model by "
+          f"{[m.tolist() for m in moved]} beyond their local steps")
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
     want = overlapped_reference(plan, SIZE, steps, LR)[0][-1]
     got = hvd.allgather(model.weight.detach()[:, :1].reshape(1)).tolist()
