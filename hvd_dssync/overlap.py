@@ -18,10 +18,11 @@ trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
 ="auto"``: through the racks, waited for, or over every rank at once, behind the steps), the waited half
 decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`): in flight where
-what a global average cost the waited periods, over the racks' averages, is no more than the local steps of
-a period it could hide behind. A ring over every rank crosses the slow link as the route does: where it
-takes longer than a period's compute (a slow link, short steps), it would hold up the next average; where
-the compute covers it, the route's wait is saved. Unsure (nothing timed) is the route.
+what a global average cost the waited periods, over the racks' averages, is no more than the local step it
+may hide behind. A global average in flight is folded in a step after it started (:func:`folds_now`: a later
+fold costs the ranks' models accuracy), and a ring over every rank crosses the slow link as the route does:
+where it takes longer than a step (a slow link), the rest would be waited for at the fold, with more bytes
+than the route. Unsure (nothing timed) is the route.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -30,14 +31,39 @@ import time
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "runs_trial", "replicates", "averages_cycle", "global_places", "TRIAL_PERIODS", "MIN_GAIN",
-           "MIN_T"]
+__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "TRIAL_PERIODS",
+           "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
 # ... less this many standard errors of the saving: with 3 degrees of freedom (the fewest a trial leaves,
 # replicates), Student's t one-sided at 95% is 2.35.
 MIN_T = 2.5
+# A global average in flight is folded in at most this many steps after it started, waited for there.
+GLOBAL_FOLD_STEPS = 1
+
+
+def folds_now(plan, started, step, done):
+    """Whether local step ``step`` folds in the average in flight that started at step ``started`` (``done``: a
+    poll found it done): where it is done, and for one of ``plan``'s global averages (its ``action(started)
+    .kind``) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for where it is not done. A
+    rack's average in flight may run until the next average starts. A global average may not: the racks drifted
+    apart since the last one (``global_every`` steps, not a period), and each step taken from those models
+    before the fold keeps the ranks apart after it: folded a period late, the synthetic parity task's rank 0
+    lost 2-3 points against Horovod's optimizer; one step late, it kept parity (docs/tuning.md).
+
+    Example::
+
+        >>> from hvd_dssync.plan import SyncPlan
+        >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+        ...                 average_every=2, global_every=8, schedule_options={"intra_steps": None})
+        >>> [plan.action(s).kind for s in (1, 7)]
+        ['group', 'global']
+        >>> folds_now(plan, 1, 2, done=False), folds_now(plan, 7, 8, done=False), folds_now(plan, 1, 2, done=True)
+        (False, True, True)
+    """
+    from .policy import GLOBAL
+    return bool(done) or (plan.action(started).kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
 
 
 def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
@@ -152,7 +178,7 @@ class OverlapTrial:
         self.globals_at = tuple(int(k) for k in globals_at)
         self.globals_in_flight = False  # the global averages over every rank at once, behind the steps
         self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
-        self.route_cost = self.local_seconds = math.nan  # what decide_globals weighed
+        self.route_cost = self.local_step = math.nan  # what decide_globals weighed
         self._last_end = None  # when the step before ended (step_ended)
 
     @classmethod
@@ -228,28 +254,29 @@ class OverlapTrial:
         at once, behind the steps, in the overlapped half and after it where overlap stays (True), or through
         the racks, waited for (False). What a global average cost is its waited period's seconds less the mean
         of the other periods (the racks' averages), over the ranks and the periods that hold one; what could
-        hide it, the local steps of a period, the mean over the ranks and the periods without one. In flight
-        where the cost is no more than that: a ring over every rank takes about as long as the route (both
-        cross the slow link), and a longer one would hold up the next average. NaN (nothing timed) keeps the
-        route.
+        hide it, the :data:`GLOBAL_FOLD_STEPS` local steps before its fold (:func:`folds_now`), the mean local
+        step over the ranks and the periods without one. In flight where the cost is no more than that: a ring
+        over every rank crosses the slow link as the route does, with more bytes, and what the steps before its
+        fold do not hide is waited for there. NaN (nothing timed) keeps the route.
 
         Example::
 
             >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6))
             >>> waited = [1.3, 1.2, 2.0, 1.2, 1.2, 1.3, 1.8, 1.2]   # each period: 7 local steps of 0.13 s, an average
             >>> trial.decide_globals([waited + [0.0] * 8 + [0.91] * 8]), round(trial.route_cost, 2)
-            (True, 0.67)
-            >>> fast = [0.15, 0.17, 0.55, 0.16, 0.15, 0.17, 0.52, 0.16]   # 7 local steps of 0.013 s
-            >>> trial.decide_globals([fast + [0.0] * 8 + [0.09] * 8])
-            False
+            (False, 0.67)
+            >>> fast_link = [1.2, 1.21, 1.28, 1.19, 1.2, 1.21, 1.3, 1.2]   # a global average 0.09 s longer
+            >>> trial.decide_globals([fast_link + [0.0] * 8 + [0.91] * 8]), round(trial.local_step, 2)
+            (True, 0.13)
         """
         rows = np.asarray(gathered, dtype=float).reshape(-1, 3, self.blocks)
         waited, local = rows[:, 0, :].mean(axis=0), rows[:, 2, :].mean(axis=0)
         at = np.zeros(self.blocks, dtype=bool)
         at[list(self.globals_at)] = True
         self.route_cost = waited[at].mean() - waited[~at].mean() if (~at).any() else math.nan
-        self.local_seconds = local[~at].mean() if (~at).any() else math.nan
-        self.globals_in_flight = bool(self.route_cost <= self.local_seconds)  # False where either is NaN
+        local_steps = self.period - 1  # a period's steps less its averaging step
+        self.local_step = local[~at].mean() / local_steps if (~at).any() and local_steps else math.nan
+        self.globals_in_flight = bool(self.route_cost <= GLOBAL_FOLD_STEPS * self.local_step)  # False where NaN
         return self.globals_in_flight
 
     def decide(self, gathered, early=False):
@@ -302,6 +329,6 @@ class OverlapTrial:
         way = ""
         if math.isfinite(self.route_cost):
             way = (f"; global averages {'over every rank, in flight' if self.globals_in_flight else 'through the racks'}"
-                   f": the route cost {self.route_cost:.3g} s, a period's local steps {self.local_seconds:.3g} s")
+                   f": the route cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
         return (f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle}"
                 f"{way})")

@@ -1,6 +1,7 @@
 """Overlap for the Keras adapter (``overlap=True``): a step's average runs behind the local steps that follow
 and is folded in as ``model += average - sent`` at the first step that finds it done (a poll), at the latest
-where the next average starts, as in the PyTorch adapter.
+where the next average starts (a global one, a step after it started: :func:`hvd_dssync.overlap.folds_now`),
+as in the PyTorch adapter.
 
 A traced step cannot leave a Horovod op in flight: a ``tf.function`` returns once all its ops are done. So
 the values to average leave the graph through ``tf.py_function`` to a thread of this process
@@ -16,6 +17,7 @@ import threading
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..overlap import folds_now
 from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
 __all__ = ["InFlight", "OverlappedAveraging"]
@@ -94,15 +96,18 @@ class OverlappedAveraging:
 
     def average(self, switch, variables, step, branch, check):
         """An op: fold in the average in flight where it is done (a poll) or, waiting for it, where this step
-        averages (``branch``); then start this step's."""
+        averages (``branch``) or a global one is due (:func:`hvd_dssync.overlap.folds_now`); then start this
+        step's."""
         self._last = (switch, list(variables))
         averaging = tf.not_equal(branch, KEEP_BRANCH)
 
-        def due(averaging):
-            return self.flight.pending and (bool(averaging) or self.flight.done())
+        def due(averaging, step):
+            flight = self.flight
+            return flight.pending and (bool(averaging) or folds_now(switch.plan, flight.at[0], int(step), flight.done()))
 
         with tf.control_dependencies(check):
-            fold_now = tf.py_function(due, [averaging], tf.bool, name=f"{self.flight.name}_overlap_poll")
+            fold_now = tf.py_function(due, [averaging, tf.cast(step, tf.int64)], tf.bool,
+                                      name=f"{self.flight.name}_overlap_poll")
         fold_now.set_shape([])
         folded = tf.cond(fold_now, lambda: self._fold(switch, variables), lambda: tf.constant(False))
         with tf.control_dependencies([folded]):

@@ -14,6 +14,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
+from ..overlap import folds_now
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
@@ -56,9 +57,10 @@ class Averaging:
         model: the module whose floating-point buffers are averaged too, or None.
         average_buffers: False keeps the buffers local.
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
-            in once done, at the latest where the next average starts. Given True, a global average on racks
-            goes over every rank at once, one op behind the steps, where the route is "auto" (asked for, the
-            route is kept, waited for). The default's trial sets ``overlap`` and ``overlaps_globals`` per step
+            in once done, at the latest where the next average starts (a global one a step after it started:
+            :func:`hvd_dssync.overlap.folds_now`). Given True, a global average on racks goes over every rank
+            at once, one op behind the steps, where the route is "auto" (asked for, the route is kept, waited
+            for). The default's trial sets ``overlap`` and ``overlaps_globals`` per step
             (:class:`.overlap_choice.OverlapChoice`: the global averages in flight where it chose so).
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
@@ -180,10 +182,11 @@ class Averaging:
         """
         guard, sparse = self.guard, self.sparse
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
-            # An average in flight runs on through the local steps and is folded in once done (a poll, never
-            # a wait), at the latest where the next average starts.
-            done = self._pending is not None and hvd.poll(self._pending.handle)
-            landed = self.finish_pending(world) if done else None
+            # An average in flight runs on through the local steps and is folded in once done (a poll), at the
+            # latest where the next average starts; a global one a step after it started (folds_now).
+            pending = self._pending
+            due = pending is not None and folds_now(world.plan, pending.step, step, hvd.poll(pending.handle))
+            landed = self.finish_pending(world) if due else None
             return Done(action) if landed is None else landed
         finished = self.finish_pending(world)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None

@@ -69,6 +69,20 @@ def check_against_the_reference(steps):
     check(np.allclose(got, drained, atol=1e-5), f"after synchronize() {got}, want {drained}")
 
 
+def check_global_average_folded_at_the_next_step():
+    """A global average in flight is folded in at the step after it started (racks every 2 steps, every rank
+    every 4: the global average of step 3), without waiting for the next average: after step 4 every rank
+    holds that average plus its own local step."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=2, global_every=4,
+                   schedule_options={"intra_steps": None})
+    check(SyncPlan(rank=RANK, world_size=SIZE, **options).action(3).kind == "global", "no global average at step 3")
+    model, _, kernel = train(5, **options)
+    got = float(kernel.numpy().reshape(-1)[0]) + LR * (RANK + 1)
+    check(abs(got - computed_mean(4)) < 1e-5, f"after step 4 the weight less its local step is {got}, want the global "
+          f"average of step 3 {computed_mean(4)}")
+    dss.synchronize_models(model)
+
+
 def check_refusals():
     sgd = tf.keras.optimizers.SGD(0.1)
     expect_error(ValueError, ["compression", "overlap=True"], lambda: dss.DistributedOptimizer(
@@ -82,6 +96,8 @@ for name, steps, options in common.STALE_FOLD_CASES:
         check_stale_fold_is_exact(steps, **options)
 with behaviour("overlapped racks and bridges match the reference once drained"):
     check_against_the_reference(10)
+with behaviour("a global average in flight is folded in at the next step"):
+    check_global_average_folded_at_the_next_step()
 with behaviour("what overlap cannot follow is refused"):
     check_refusals()
 with behaviour("SynchronizeModelsCallback folds in the average in flight before an evaluation, on that rank alone"):
