@@ -66,7 +66,7 @@ class Averaging:
         # Per variable, for exact bridges: what one left to add to the next group average, and the model the
         # last average left (what a bridge sends).
         self._carries, self._agreed = {}, {}
-        # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in a period late.
+        # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in late.
         self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge)
         # The default's trial (an .overlap_choice.OverlapChoice): each step's way read from its variable.
         self.choice = choice

@@ -320,7 +320,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             ``compression``, averages densely. ``False``: dense.
         overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
             and is folded in at the first step that finds it done, at the latest where the next average starts
-            (``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`);
+            (a global average, the step after it started: :func:`hvd_dssync.overlap.folds_now`;
+            ``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`);
             ``synchronize_models``, the exit and ``SynchronizeModelsCallback`` before an evaluation fold it in
             first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
             Horovod; embedding tables are then averaged densely. None (the default): where the averages cross
