@@ -142,11 +142,16 @@ def test_ruled_out_or_not_run():
 
 
 @pytest.mark.parametrize("saving, calls_at", [(0.5, "look, last"), (0.0, "look")])
-def test_the_adapters_step_end_gathers_at_the_first_look_and_at_the_trials_last_step(saving, calls_at):
-    """``step_ended``, what both adapters call after every step: it times the steps itself (here a step waited
-    for takes 10 ms, an overlapped one ``saving`` less) and calls the adapter's allgather at the first look,
-    after the first overlapped cycle, and again at the last step where the first look did not end the trial."""
-    import time
+def test_the_adapters_step_end_gathers_at_the_first_look_and_at_the_trials_last_step(saving, calls_at, monkeypatch):
+    """``step_ended``, what both adapters call after every step: it times the steps itself, on the clock it reads
+    (here a clock of the test's: a step waited for takes 10 ms, an overlapped one ``saving`` less, whatever else
+    the host runs) and calls the adapter's allgather at the first look, after the first overlapped cycle, and
+    again at the last step where the first look did not end the trial."""
+    import types
+
+    import hvd_dssync.overlap
+    now = [0.0]
+    monkeypatch.setattr(hvd_dssync.overlap, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     trial = OverlapTrial(start=0, period=1)
     calls, decisions = [], []
 
@@ -155,7 +160,7 @@ def test_the_adapters_step_end_gathers_at_the_first_look_and_at_the_trials_last_
         return np.concatenate([figures, figures])  # two ranks alike
 
     for step in range(trial.last + 3):
-        time.sleep(0.01 * (1.0 - saving if trial.overlap_at(step) else 1.0))
+        now[0] += 0.01 * (1.0 - saving if trial.overlap_at(step) else 1.0)
         decisions.append(trial.step_ended(step, gather))
     at = {"look": trial.look, "last": trial.last}
     assert calls == [at[name] for name in calls_at.split(", ")], calls
