@@ -28,7 +28,6 @@ DSSYNC_CONTENDERS = {
     "dssync-default-overlap": ("default", False),
     "dssync-default-overlap-p8": ("default", False),
     "dssync-default-overlap-r4": ("default", False),
-    "dssync-default-overlap-route": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
@@ -99,13 +98,11 @@ DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
 # the first (no trial); "-overlap-p8": the same in the rhythm of the hierarchical averager at p = 8 (the rack
 # every 4 steps, every rank every 16) instead of the default's 8 and 32; "-overlap-r4": the racks every 4
 # steps, every rank every 32 as the default (a rack's models drift half as far; on 4 ranks of 2 cores its
-# step was no shorter than waited, docs/CHANGELOG.md); "-overlap-route": the racks' averages behind the steps, the
-# global ones through the racks, waited for (``global_via_bridges=True``), as the default's trial runs it.
+# step was no shorter than waited, docs/CHANGELOG.md). None names a schedule: each senses the racks, as the
+# swap does (a schedule option would name one, and sense nothing).
 DEFAULT_ARGUMENTS = {"dssync-default-overlap": {"overlap": True},
                      "dssync-default-overlap-p8": {"overlap": True, "average_every": 4, "global_every": 16},
-                     "dssync-default-overlap-r4": {"overlap": True, "average_every": 4, "global_every": 32},
-                     "dssync-default-overlap-route": {"overlap": True,
-                                                      "schedule_options": {"global_via_bridges": True}}}
+                     "dssync-default-overlap-r4": {"overlap": True, "average_every": 4, "global_every": 32}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
 # CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical
