@@ -254,11 +254,10 @@ def test_the_swaps_variants_sense_the_racks_as_the_swap_does():
     """A variant of the swap (``DEFAULT_ARGUMENTS``) names no schedule, so its optimizer senses the racks; one
     that named one (``schedule_options``) would fall back to random groups on the bench, which sensed nothing."""
     from hvd_dssync.bench.catalog import DEFAULT_ARGUMENTS
-    from hvd_dssync.sensing import wants_sensing
+    from hvd_dssync.sensing import names_schedule
     for name, arguments in DEFAULT_ARGUMENTS.items():
-        assert wants_sensing(arguments.get("schedule"), arguments.get("num_groups"), arguments.get("group_size"),
-                             arguments.get("topology", "auto"), arguments.get("schedule_options"), "", True, False,
-                             True), name
+        assert "topology" not in arguments and not names_schedule(
+            *(arguments.get(k) for k in ("schedule", "num_groups", "group_size", "schedule_options"))), name
 
 
 def test_the_global32_contenders_average_the_racks_every_8_steps_and_every_rank_every_32():

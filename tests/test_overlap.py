@@ -213,9 +213,8 @@ def trial_choosing_globals(rng, ranks, compute, rack, route, noise, ring=1.3):
     seconds, a rack's average costs ``rack`` (nothing hidden overlapped: what the racks showed on the emulated
     cluster), a global one ``route`` through the racks, waited for, or in flight a ring of ``ring`` times that,
     exposed past the local step before its fold (GLOBAL_FOLD_STEPS); each time noisy by a log-normal factor of
-    sigma ``noise``. Every
-    rank's choice of the globals' way (taken at the waited half's last step, alike) and its decision on
-    overlap."""
+    sigma ``noise``. Every rank's choice of the globals' way (taken at the waited half's last step, alike) and
+    its decision on overlap."""
     trials = [OverlapTrial(0, 8, cycle=4, globals_at=(2, 6)) for _ in range(ranks)]
     first = trials[0]
     chose = first.first + first.length - 1  # the waited half's last step
