@@ -31,8 +31,9 @@ import time
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "TRIAL_PERIODS",
-           "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS"]
+__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "global_fragments",
+           "fragment_ranges", "forced_fragments", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS",
+           "FRAGMENTS_ENV"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -41,29 +42,103 @@ MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
 MIN_T = 2.5
 # A global average in flight is folded in at most this many steps after it started, waited for there.
 GLOBAL_FOLD_STEPS = 1
+# overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
+FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
 
 
-def folds_now(plan, started, step, done):
-    """Whether local step ``step`` folds in the average in flight that started at step ``started`` (``done``: a
-    poll found it done): where it is done, and for one of ``plan``'s global averages (its ``action(started)
-    .kind``) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for where it is not done. A
-    rack's average in flight may run until the next average starts. A global average may not: the racks drifted
-    apart since the last one (``global_every`` steps, not a period), and each step taken from those models
-    before the fold keeps the ranks apart after it: folded a period late, the synthetic parity task's rank 0
-    lost 2-3 points against Horovod's optimizer; one step late, it kept parity (docs/tuning.md).
+def folds_now(kind, started, step, done):
+    """Whether local step ``step`` folds in the average in flight of ``kind`` (its action's) that started at step
+    ``started`` (``done``: a poll found it done): where it is done, and for a global average (or a fragment of
+    one: :func:`global_fragments`) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for
+    where it is not done. A rack's average in flight may run until the next average starts. A global average
+    may not: the racks drifted apart since the last one (``global_every`` steps, not a period), and each step
+    taken from those models before the fold keeps the ranks apart after it: folded a period late, the synthetic
+    parity task's rank 0 lost 2-3 points against Horovod's optimizer; one step late, it kept parity
+    (docs/tuning.md).
 
     Example::
 
-        >>> from hvd_dssync.plan import SyncPlan
-        >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
-        ...                 average_every=2, global_every=8, schedule_options={"intra_steps": None})
-        >>> [plan.action(s).kind for s in (1, 7)]
-        ['group', 'global']
-        >>> folds_now(plan, 1, 2, done=False), folds_now(plan, 7, 8, done=False), folds_now(plan, 1, 2, done=True)
+        >>> folds_now("group", 1, 2, done=False), folds_now("global", 7, 8, done=False), folds_now("group", 1, 2, done=True)
         (False, True, True)
     """
     from .policy import GLOBAL
-    return bool(done) or (plan.action(started).kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
+    return bool(done) or (kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
+
+
+def global_fragments(route_cost, local_step, world_size, period):
+    """How many fragments a global average in flight is split into (0: none goes in flight; it takes the route
+    through the racks, waited for). Each fragment of the model is sent at a step of its own, one after the
+    other, and folded in at the next step (:func:`folds_now`): a ring over every rank of ``1/n`` of the model
+    hides behind one local step where one of the whole model would not.
+
+    A ring over ``w`` ranks sends ``2 (w - 1) / w`` bytes across a link for each byte the route's bridge sends:
+    the ring's time is taken as what the route cost (the seconds a waited global average added to its period)
+    times that. ``n`` is that time over the :data:`GLOBAL_FOLD_STEPS` local steps (``local_step``) a fragment
+    may hide behind, at most ``period`` (the last fragment is folded in where the next average starts at the
+    latest); 1 where one ring hides. What ``period`` fragments leave exposed is waited for at their folds: in
+    flight only where that is less than the route's whole cost. Nothing timed (NaN): the route.
+
+    Example::
+
+        >>> global_fragments(0.05, 0.13, 4, 8), global_fragments(0.09, 0.13, 4, 8), global_fragments(0.67, 0.14, 4, 8)
+        (1, 2, 8)
+        >>> global_fragments(0.38, 0.012, 8, 8), global_fragments(float("nan"), 0.14, 4, 8)   # the static cluster
+        (0, 0)
+    """
+    share = 2.0 * (world_size - 1) / world_size if world_size > 1 else 1.0
+    hiding = GLOBAL_FOLD_STEPS * local_step
+    need = share * route_cost / hiding if hiding > 0 else math.nan
+    if not math.isfinite(need):
+        return 0
+    count = min(max(1, math.ceil(need - 1e-9)), max(1, int(period)))
+    exposed = share * route_cost - count * hiding
+    return count if exposed < route_cost else 0
+
+
+def fragment_ranges(sizes, count):
+    """The parts of a model that each of ``count`` fragments of a global average sends (:func:`global_fragments`),
+    in order: for each fragment, ``(tensor, start, stop)``, element ranges of the flattened tensors (``sizes``:
+    each tensor's elements), the fragments as nearly equal as the elements allow and never empty (at most one
+    fragment an element).
+
+    Example::
+
+        >>> fragment_ranges([10, 2], 3)
+        [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 10), (1, 0, 2)]]
+        >>> fragment_ranges([1, 1], 4)
+        [[(0, 0, 1)], [(1, 0, 1)]]
+    """
+    sizes = [int(n) for n in sizes]
+    total = sum(sizes)
+    count = max(1, min(int(count), total))
+    bounds = [k * total // count for k in range(count + 1)]
+    offsets = np.cumsum([0] + sizes)
+    fragments = []
+    for low, high in zip(bounds, bounds[1:]):
+        fragments.append([(i, max(low, int(offsets[i])) - int(offsets[i]), min(high, int(offsets[i + 1])) - int(offsets[i]))
+                          for i in range(len(sizes)) if max(low, offsets[i]) < min(high, offsets[i + 1])])
+    return fragments
+
+
+def forced_fragments(environ):
+    """How many fragments ``overlap=True`` splits a global average in flight into: :data:`FRAGMENTS_ENV`, a
+    whole number of 1 or more (set alike on every rank), else 1. A clear error names a bad value.
+
+    Example::
+
+        >>> forced_fragments({}), forced_fragments({"HVD_DSSYNC_GLOBAL_FRAGMENTS": "8"})
+        (1, 8)
+    """
+    value = environ.get(FRAGMENTS_ENV, "").strip()
+    if not value:
+        return 1
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"hvd_dssync: {FRAGMENTS_ENV}={value!r}: expected a whole number of fragments, 1 or more")
+    return count
 
 
 def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
@@ -143,7 +218,7 @@ class OverlapTrial:
     twice, :func:`replicates`). The ranks gather their figures at :attr:`look` (after the first overlapped
     cycle: :meth:`decide` with ``early=True`` ends the trial where it saved too little) and at :attr:`last`.
     ``globals_at``: the averaging periods of each half that hold a global average whose way the trial chooses
-    (:func:`global_places`; none: no choice, :attr:`globals_in_flight` stays False); then the ranks gather at
+    (:func:`global_places`; none: no choice, :attr:`global_fragments` stays 0); then the ranks gather at
     the waited half's last step too (:meth:`decide_globals`).
 
     Example::
@@ -163,7 +238,7 @@ class OverlapTrial:
         True
     """
 
-    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=()):
+    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=(), world_size=2):
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
         self.cycle = max(1, int(cycle))
@@ -176,7 +251,8 @@ class OverlapTrial:
         self.early = False  # decided at the first look
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
         self.globals_at = tuple(int(k) for k in globals_at)
-        self.globals_in_flight = False  # the global averages over every rank at once, behind the steps
+        self.world_size = int(world_size)  # the ranks a global average's ring runs over
+        self.global_fragments = 0  # the global averages in flight, in this many fragments (0: the route)
         self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
         self.route_cost = self.local_step = math.nan  # what decide_globals weighed
         self._last_end = None  # when the step before ended (step_ended)
@@ -189,7 +265,8 @@ class OverlapTrial:
         averages may go either way (:meth:`decide_globals`)."""
         policy = plan.policy
         trial = cls(policy.warmup_steps, policy.average_every,
-                    averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every))
+                    averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every),
+                    world_size=plan.world_size)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
         return trial
@@ -250,24 +327,23 @@ class OverlapTrial:
         return row.reshape(1, -1).copy()
 
     def decide_globals(self, gathered):
-        """From every rank's :meth:`figures` at the end of the waited half: the global averages go over every rank
-        at once, behind the steps, in the overlapped half and after it where overlap stays (True), or through
-        the racks, waited for (False). What a global average cost is its waited period's seconds less the mean
-        of the other periods (the racks' averages), over the ranks and the periods that hold one; what could
-        hide it, the :data:`GLOBAL_FOLD_STEPS` local steps before its fold (:func:`folds_now`), the mean local
-        step over the ranks and the periods without one. In flight where the cost is no more than that: a ring
-        over every rank crosses the slow link as the route does, with more bytes, and what the steps before its
-        fold do not hide is waited for there. NaN (nothing timed) keeps the route.
+        """From every rank's :meth:`figures` at the end of the waited half: how many fragments the global averages
+        go in, over every rank at once, behind the steps, in the overlapped half and after it where overlap stays
+        (:func:`global_fragments`), or 0: through the racks, waited for. What a global average cost is its
+        waited period's seconds less the mean of the other periods (the racks' averages), over the ranks and the
+        periods that hold one; what could hide each fragment, the :data:`GLOBAL_FOLD_STEPS` local steps before
+        its fold (:func:`folds_now`), the mean local step over the ranks and the periods without one. NaN
+        (nothing timed) keeps the route.
 
         Example::
 
-            >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6))
+            >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6), world_size=4)
             >>> waited = [1.3, 1.2, 2.0, 1.2, 1.2, 1.3, 1.8, 1.2]   # each period: 7 local steps of 0.13 s, an average
             >>> trial.decide_globals([waited + [0.0] * 8 + [0.91] * 8]), round(trial.route_cost, 2)
-            (False, 0.67)
-            >>> fast_link = [1.2, 1.21, 1.28, 1.19, 1.2, 1.21, 1.3, 1.2]   # a global average 0.09 s longer
+            (8, 0.67)
+            >>> fast_link = [1.2, 1.21, 1.23, 1.19, 1.2, 1.21, 1.25, 1.2]   # a global average 0.04 s longer
             >>> trial.decide_globals([fast_link + [0.0] * 8 + [0.91] * 8]), round(trial.local_step, 2)
-            (True, 0.13)
+            (1, 0.13)
         """
         rows = np.asarray(gathered, dtype=float).reshape(-1, 3, self.blocks)
         waited, local = rows[:, 0, :].mean(axis=0), rows[:, 2, :].mean(axis=0)
@@ -276,8 +352,13 @@ class OverlapTrial:
         self.route_cost = waited[at].mean() - waited[~at].mean() if (~at).any() else math.nan
         local_steps = self.period - 1  # a period's steps less its averaging step
         self.local_step = local[~at].mean() / local_steps if (~at).any() and local_steps else math.nan
-        self.globals_in_flight = bool(self.route_cost <= GLOBAL_FOLD_STEPS * self.local_step)  # False where NaN
-        return self.globals_in_flight
+        self.global_fragments = global_fragments(self.route_cost, self.local_step, self.world_size, self.period)
+        return self.global_fragments
+
+    @property
+    def globals_in_flight(self):
+        """Whether the trial chose the global averages in flight (:attr:`global_fragments`)."""
+        return self.global_fragments > 0
 
     def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
@@ -328,7 +409,9 @@ class OverlapTrial:
         cycle = ", its first overlapped cycle" if self.early else ""
         way = ""
         if math.isfinite(self.route_cost):
-            way = (f"; global averages {'over every rank, in flight' if self.globals_in_flight else 'through the racks'}"
+            flight = "over every rank, in flight" + (f", in {self.global_fragments} fragments"
+                                                     if self.global_fragments > 1 else "")
+            way = (f"; global averages {flight if self.globals_in_flight else 'through the racks'}"
                    f": the route cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
         return (f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle}"
                 f"{way})")

@@ -28,6 +28,7 @@ DSSYNC_CONTENDERS = {
     "dssync-default-overlap": ("default", False),
     "dssync-default-overlap-p8": ("default", False),
     "dssync-default-overlap-r4": ("default", False),
+    "dssync-default-overlap-f8": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
     # measurement: hvd_dssync.config.RACK_AVERAGE_EVERY).
@@ -90,10 +91,13 @@ DEFAULT = "dssync-default"
 # Horovod performs every op in its background loop, as released (HOROVOD_PROCESS_SETS_ASYNC=0 on the project's
 # build: no concurrent process sets); "-negotiated": concurrent process sets, but every average negotiated
 # (HVD_DSSYNC_ORDERED_SETS=0: the groups' sets are not marked ordered); "-resense": the racks are sensed again
-# when the averages across the network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense).
+# when the averages across the network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense); "-overlap-f8"
+# (with ``overlap=True`` below): each global average in flight in 8 fragments, one a step through the period
+# (HVD_DSSYNC_GLOBAL_FRAGMENTS=8: hvd_dssync.overlap.global_fragments).
 DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
                     "dssync-default-negotiated": {"HVD_DSSYNC_ORDERED_SETS": "0"},
-                    "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"}}
+                    "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"},
+                    "dssync-default-overlap-f8": {"HVD_DSSYNC_GLOBAL_FRAGMENTS": "8"}}
 # The plain swap with arguments more: "-overlap": ``overlap=True``, every average behind the local steps from
 # the first (no trial); "-overlap-p8": the same in the rhythm of the hierarchical averager at p = 8 (the rack
 # every 4 steps, every rank every 16) instead of the default's 8 and 32; "-overlap-r4": the racks every 4
@@ -102,7 +106,8 @@ DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
 # swap does (a schedule option would name one, and sense nothing).
 DEFAULT_ARGUMENTS = {"dssync-default-overlap": {"overlap": True},
                      "dssync-default-overlap-p8": {"overlap": True, "average_every": 4, "global_every": 16},
-                     "dssync-default-overlap-r4": {"overlap": True, "average_every": 4, "global_every": 32}}
+                     "dssync-default-overlap-r4": {"overlap": True, "average_every": 4, "global_every": 32},
+                     "dssync-default-overlap-f8": {"overlap": True}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
 # CPU job can have it: launched by mpirun with Horovod's MPI operations and Open MPI's hierarchical

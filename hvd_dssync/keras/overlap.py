@@ -104,7 +104,8 @@ class OverlappedAveraging:
         def due(averaging, step):
             flight = self.flight
             return flight.pending and (bool(averaging) or
-                                       folds_now(switch.plan, flight.at[0], int(step), flight.done()))
+                                       folds_now(switch.plan.action(flight.at[0]).kind, flight.at[0], int(step),
+                                                 flight.done()))
 
         with tf.control_dependencies(check):
             fold_now = tf.py_function(due, [averaging, tf.cast(step, tf.int64)], tf.bool,

@@ -14,7 +14,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..overlap import folds_now
+from ..overlap import folds_now, fragment_ranges
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
@@ -37,6 +37,18 @@ class _InFlight(NamedTuple):
     issued: float  # seconds the issue delayed the step
     nbytes: int
     bridge: object
+    parts: list = None  # a fragment of a global average: (name, whole tensor, start, stop) of each part it sent
+
+
+class _Fragments(NamedTuple):
+    """A global average in flight in fragments (:attr:`Averaging.global_fragments`): fragment ``k`` is sent at
+    step ``step + k`` and folded in at the next."""
+    action: object
+    step: int
+    process_set: object
+    name: str
+    ranges: list  # hvd_dssync.overlap.fragment_ranges of the tensors' elements
+    sizes: list  # the tensors' elements when the first fragment was sent
 
 
 class Averaging:
@@ -59,9 +71,11 @@ class Averaging:
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
             in once done, at the latest where the next average starts (a global one a step after it started:
             :func:`hvd_dssync.overlap.folds_now`). Given True, a global average on racks goes over every rank
-            at once, one op behind the steps, where the route is "auto" (asked for, the route is kept, waited
-            for). The default's trial sets ``overlap`` and ``overlaps_globals`` per step
-            (:class:`.overlap_choice.OverlapChoice`: the global averages in flight where it chose so).
+            at once, behind the steps, where the route is "auto" (asked for, the route is kept, waited for), in
+            ``global_fragments`` fragments (1 unless :data:`hvd_dssync.overlap.FRAGMENTS_ENV` says more). The
+            default's trial sets ``overlap`` and ``global_fragments`` per step
+            (:class:`.overlap_choice.OverlapChoice`: 0, the route, unless it chose the global averages in
+            flight).
         compression: Horovod's compression; a lossy one averages differences from a shared reference.
         outer_momentum: momentum of the outer step after each average (0: plain averaging).
 
@@ -85,7 +99,10 @@ class Averaging:
         self.model = model
         self.average_buffers = average_buffers
         self.overlap = overlap
-        self.overlaps_globals = overlap  # overlap=True: the global averages too, over every rank at once ("auto")
+        # overlap=True: the global averages too, over every rank at once ("auto"), in this many fragments, each
+        # sent at a step of its own and folded in at the next (0: through the racks, waited for).
+        self.global_fragments = int(bool(overlap))
+        self._fragments = None  # a global average in flight in fragments: what the next steps send (_Fragments)
         self.compression = compression
         self.outer = OuterStep(outer_momentum)  # the checkpoint saves and loads its state
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
@@ -115,6 +132,7 @@ class Averaging:
         """The world changed: the average in flight died with it, the reference is set again, and a bridge's
         carry (for racks of the old world) is dropped."""
         self._pending = None
+        self._fragments = None
         self._in_flight = None
         self._reference = None
         self._carry = None
@@ -125,11 +143,13 @@ class Averaging:
         the old one, is dropped. Nothing is in flight (the optimizer finished it)."""
         self._carry = None
         self._agreed = None
+        self._fragments = None
 
     def drop_pending(self):
         """Horovod was re-initialized (elastic reset): the average in flight died with the old world, and the
         model keeps this rank's own update."""
         self._pending = None
+        self._fragments = None
         self._in_flight = None  # what the old world's op may still write into
 
     @property
@@ -184,25 +204,29 @@ class Averaging:
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             # An average in flight runs on through the local steps and is folded in once done (a poll), at the
             # latest where the next average starts; a global one a step after it started (folds_now).
+            # A global average in fragments sends its next one after the last is folded in.
             pending = self._pending
-            due = pending is not None and folds_now(world.plan, pending.step, step, hvd.poll(pending.handle))
+            due = pending is not None and folds_now(pending.action.kind, pending.step, step, hvd.poll(pending.handle))
             landed = self.finish_pending(world) if due else None
+            if self._fragments is not None:
+                self._send_fragment(world, step)
             return Done(action) if landed is None else landed
         finished = self.finish_pending(world)
+        self._fragments = None  # one not sent before the next average (a fragment a step at most: none)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
         self.enter_window(world, step)
         if self.compression is not hvd.Compression.none and self._reference is None:
             return self._establish_reference(world, action, step)
         route = world.plan.global_route(step)
         # The tables averaged by their rows are agreed by every rank at the first step after the warm-up. With
-        # overlap=True a global average goes over every rank at once where the route is "auto": one op runs
+        # overlap=True a global average goes over every rank at once where the route is "auto": its ops run
         # behind the local steps, the route's three would each wait for the one before. The trial of overlap
-        # chooses (overlaps_globals): where a ring over every rank cannot hide behind a period (a slow link,
-        # short steps), it would cost more than the route waited for (docs/tuning.md).
+        # chooses (global_fragments): in as many fragments as hide behind a step each, or through the racks
+        # where even a period's steps would not hide them (docs/tuning.md).
         if route is not None and routes_global_averages(
                 world.plan.schedule, "PyTorch", lossy_compression=self.compression is not hvd.Compression.none,
                 adaptive=world.plan.adaptive is not None, sparse=sparse.row_sets is not None,
-                overlapped=self.overlaps_globals):
+                overlapped=bool(self.global_fragments)):
             return self._average_through_racks(world, action, step, route)
         process_set = self._process_set_of(world, action)
         if process_set is None:
@@ -229,6 +253,12 @@ class Averaging:
         # Rides along, uncompressed, so that the members find out if they are at different steps.
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
+        if self.overlap and self._fragmented(world, action, tensors, bridge):
+            self._fragments = _Fragments(action, step, process_set, name,
+                                         fragment_ranges([t.numel() for t in tensors], self._fragment_count(world)),
+                                         [t.numel() for t in tensors])
+            self._send_fragment(world, step)
+            return finished
         if self.overlap:
             copy, received = self._buffers_for(tensors)
             sent = self._agreed_models(tensors) if bridge is not None else _copy_into(copy, tensors)
@@ -262,6 +292,47 @@ class Averaging:
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
                     sparse_rows=sum(len(index) for _, index, _ in writes))
+
+    def _fragmented(self, world, action, tensors, bridge):
+        """Whether ``action``'s average goes in fragments (:attr:`global_fragments`): a global one of a plain model
+        (no bridge, no outer step, no rows: those fold a whole model), its tensors each one block of memory."""
+        return (action.kind == GLOBAL and self._fragment_count(world) > 1 and bridge is None
+                and not self.outer.momentum and self.sparse.row_sets is None
+                and self.compression is hvd.Compression.none and all(t.is_contiguous() for t in tensors))
+
+    def _fragment_count(self, world):
+        """How many fragments a global average goes in: at most a step each until the next average."""
+        return min(int(self.global_fragments), world.plan.policy.average_every)
+
+    def _send_fragment(self, world, step):
+        """Send the fragment of the global average in fragments that is due at ``step`` (every rank of the scope
+        at the same step), into the buffers of an average in flight; after the last one, or where the steps or
+        the model's tensors are not those it started with (a checkpoint loaded, the model moved), none is left."""
+        fragments = self._fragments
+        if self._pending is not None:  # the fragment before is folded in at this step (folds_now)
+            raise RuntimeError("hvd_dssync: a fragment of a global average was sent before the last one was folded in")
+        k = step - fragments.step
+        live = self._live()
+        if not 0 <= k < len(fragments.ranges) or [t.numel() for t in live] != fragments.sizes:
+            self._fragments = None
+            return
+        if k == len(fragments.ranges) - 1:
+            self._fragments = None
+        started = time.perf_counter()
+        copy, received = self._buffers_for(live)
+        names = [n for n, _ in self.tensors()]
+        parts = fragments.ranges[k]
+        tensors = [live[i].view(-1)[a:b] for i, a, b in parts]
+        sent = _copy_into([copy[i].view(-1)[a:b] for i, a, b in parts], tensors)
+        into = _copy_into([received[i].view(-1)[a:b] for i, a, b in parts], sent)
+        signature = self.guard.signature(world, tensors, step)
+        handle = hvd.grouped_allreduce_async_(into + [signature], name=f"{fragments.name}.{k}", op=hvd.Average,
+                                              process_set=fragments.process_set)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._pending = _InFlight(handle, [names[i] for i, _, _ in parts], tensors, sent, into, signature,
+                                  fragments.action, step, fragments.process_set, time.perf_counter() - started,
+                                  ring_allreduce_bytes(len(fragments.action.group), nbytes), None,
+                                  [(names[i], live[i], a, b) for i, a, b in parts])
 
     def _live(self):
         """The tensors a step averages, as they are now (:meth:`tensors`' data)."""
@@ -330,11 +401,17 @@ class Averaging:
                          for before, averaged in zip(pending.sent, pending.received)]
                 for tensor, move in zip(tensors, moves):
                     tensor.add_(move)
-            self._tell_fold_hooks(pending.names, moves)
+            if pending.parts is None:
+                self._tell_fold_hooks(pending.names, moves)
+            else:
+                self._tell_fold_hooks(*_whole_moves(pending.parts, moves))
         self._outer_step()
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
-        self._remember(world, tensors if bridge is not None else pending.received)
+        if pending.parts is None:
+            self._remember(world, tensors if bridge is not None else pending.received)
+        else:
+            self._remember_parts(world, pending.parts, pending.received)
         return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
 
     def _tell_fold_hooks(self, names, moves):
@@ -370,6 +447,19 @@ class Averaging:
                     a.copy_(t)
         else:
             self._agreed = [t.detach().clone() for t in tensors]
+
+    def _remember_parts(self, world, parts, averaged):
+        """:meth:`_remember` for a fragment of a global average: its parts of the model its last average left
+        (``parts``: :attr:`_InFlight.parts`; the rest of the model, where nothing was kept yet, as it is now)."""
+        if not world.plan.schedule.has_bridges:
+            return
+        named = self.tensors()
+        if not _fits(self._agreed, [t for _, t in named]):
+            self._agreed = [t.detach().clone() for _, t in named]
+        position = {name: k for k, (name, _) in enumerate(named)}
+        with torch.no_grad():
+            for (name, _, a, b), average in zip(parts, averaged):
+                self._agreed[position[name]].view(-1)[a:b].copy_(average)
 
     def _cross(self, tensors, sent, averaged, bridge, fold_names=None):
         """An exact bridge's average is in: move the model (``tensors``) by what it moved the agreed model
@@ -457,6 +547,19 @@ class Averaging:
         state = state or {}
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
+
+
+def _whole_moves(parts, moves):
+    """The fold hooks' names and moves of a fragment's fold: each tensor it touched, whole, zero outside its part
+    (``parts``: :attr:`_InFlight.parts`)."""
+    names, whole, index = [], [], {}
+    for (name, tensor, a, b), move in zip(parts, moves):
+        if name not in index:
+            index[name] = len(whole)
+            names.append(name)
+            whole.append(torch.zeros_like(tensor))
+        whole[index[name]].view(-1)[a:b].copy_(move)
+    return names, whole
 
 
 def _fits(buffers, tensors):

@@ -20,6 +20,7 @@ notices it (this rank, the world size or the registered process sets changed), r
 the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
 import contextlib
+import os
 import warnings
 import weakref
 
@@ -27,7 +28,7 @@ import horovod.torch as hvd
 import torch
 
 from ..join import JoinState
-from ..overlap import runs_trial
+from ..overlap import forced_fragments, runs_trial
 from ..plan import BSP, LOCAL, SyncPlan, check_horovod_arguments, check_ranks_agree, routes_global_averages
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of
@@ -94,6 +95,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self._averaging = Averaging(self, named_parameters, self._name, self._registry, self._guard, self._sparse,
                                     self._adaptive, model, config.average_buffers, bool(config.overlap), compression,
                                     float(config.outer_momentum))
+        if config.overlap:  # the global averages in flight go in fragments where HVD_DSSYNC_GLOBAL_FRAGMENTS says
+            self._averaging.global_fragments = forced_fragments(os.environ)
         # With HVD_DSSYNC_RESENSE=1 where the racks were measured: sensing again when the network changes.
         self._resensing = None if resensing is None else Resensing(self._name, *resensing, self._registry)
         # overlap=None: a trial of both ways decides (hvd_dssync.overlap), where overlap can run at all.
@@ -199,7 +202,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         action = self._plan.action(step)
         if self._overlap_choice is not None:
             self._averaging.overlap = self._overlap_choice.overlap_at(step, self._sparse.row_sets is not None)
-            self._averaging.overlaps_globals = self._overlap_choice.globals_in_flight_at(step)
+            self._averaging.global_fragments = self._overlap_choice.global_fragments_at(step)
         self._adaptive.drift = float("nan")
         if self._sparse.tables is None and self._sparse.enabled and action.kind != BSP:
             self._sparse.agree(self.process_set)

@@ -26,7 +26,7 @@ class OverlapChoice:
 
         choice = OverlapChoice("dssync.0", plan, choose_globals=True)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
-        averaging.overlaps_globals = choice.globals_in_flight_at(step)
+        averaging.global_fragments = choice.global_fragments_at(step)
         ...                                  # the step
         choice.end_step(world, step, local)  # an allgather at the waited half's end, the first look, the last step
     """
@@ -41,10 +41,10 @@ class OverlapChoice:
             self.trial.rule_out()
         return self.trial.overlap_at(step)
 
-    def globals_in_flight_at(self, step):
-        """Whether ``step``'s global average, if it has one, goes over every rank at once behind the steps (the
-        trial's choice, where overlap is on) rather than through the racks, waited for."""
-        return self.trial.overlap_at(step) and self.trial.globals_in_flight
+    def global_fragments_at(self, step):
+        """In how many fragments ``step``'s global average, if it has one, goes over every rank at once behind the
+        steps (the trial's choice, where overlap is on); 0: through the racks, waited for."""
+        return self.trial.global_fragments if self.trial.overlap_at(step) else 0
 
     def end_step(self, world, step, local):
         """Time the step (``local``: one with no average); where the trial is due, gather every rank's figures over

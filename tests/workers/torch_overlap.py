@@ -9,12 +9,14 @@ flight. The mean alone cannot tell what an exact bridge sent (a bridge keeps the
 with an average at every step (each folded in at the next, a fixed timing) every rank's weights are also
 checked against a reference of overlapped averaging. Usage: torch_overlap.py
 """
+import os
+
 import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
 from common import behaviour, check, overlapped_reference
-from hvd_dssync.overlap import OverlapTrial
+from hvd_dssync.overlap import FRAGMENTS_ENV, OverlapTrial
 from hvd_dssync.plan import SyncPlan
 
 hvd.init()
@@ -171,6 +173,51 @@ def check_route_kept_beside_overlap(steps):
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
 
 
+def check_global_average_in_fragments(steps, fragments=3):
+    """``overlap=True`` with HVD_DSSYNC_GLOBAL_FRAGMENTS: a global average goes in fragments, one weight each (a
+    weight of 3 in 3), sent at the global step and the two after it, each folded in at the next step. Right
+    after fragment k's fold, weight k less this rank's own local step since (``-lr * c``) is the mean of the
+    ranks' weight k when it was sent: the same on every rank. Each step moves the model by its local step plus
+    what the fold hooks were told (whole tensors, zero outside the fragment), and synchronize_models leaves the
+    mean of what the ranks computed."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=4, global_every=8,
+                   schedule_options={"intra_steps": None})
+    os.environ[FRAGMENTS_ENV] = str(fragments)
+    try:
+        model, opt, kinds, _ = train(1, overlap=True, **options)
+    finally:
+        del os.environ[FRAGMENTS_ENV]
+    plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
+    starts = [t for t in range(steps - fragments) if plan.action(t).kind == "global"]
+    told, moved, folded = [], [], {}
+    opt.register_fold_hook(lambda moves: told[-1].add_(dict(moves)["weight"]))
+    c = torch.full((1, 3), float(RANK + 1))
+    for step in range(1, steps):
+        before = model.weight.detach().clone()
+        told.append(torch.zeros(1, 3))
+        opt.zero_grad()
+        (model.weight * c).sum().backward()
+        opt.step()
+        kinds.append((opt.last_sync or {}).get("kind"))
+        moved.append(model.weight.detach() - before + LR * c)
+        # After the fold of the fragment sent at the step before: its weight, less this step's own local step.
+        k = next((step - 1 - s for s in starts if 0 <= step - 1 - s < fragments), None)
+        if k is not None:
+            agreed = hvd.allgather((model.weight.detach()[:, k] + LR * c[:, k]).reshape(1),
+                                   name=f"test.fragment.{step}").tolist()
+            folded[step] = (k, agreed)
+    unequal = {step: got for step, (k, got) in folded.items() if max(got) - min(got) > 1e-5}
+    check(starts and len(folded) == fragments * len(starts) and not unequal,
+          f"global averages at steps {starts}; after each fragment's fold, its weight less the local step on each "
+          f"rank: {folded}; unequal at {unequal}")
+    check(all(torch.allclose(t, m, atol=1e-5) for t, m in zip(told, moved)),
+          f"the fold hooks told {[t.tolist() for t in told]}; the steps moved the model by "
+          f"{[m.tolist() for m in moved]} beyond their local steps")
+    dss.synchronize_models(model)
+    want = computed_mean(steps)
+    check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
+
+
 def check_one_host_runs_no_trial():
     """On one host (this job) ``overlap=None`` is off from the start: nothing to hide an average behind."""
     _, opt, _, _ = train(OverlapTrial(0, 2).last + 2, average_every=2, schedule="shuffle", num_groups=1)
@@ -188,6 +235,8 @@ with behaviour("the fold hooks see what a fold added to the model"):
     check_fold_hooks_see_what_a_fold_added()
 with behaviour("overlap=True beside global averages through the racks on demand keeps the route, waited for"):
     check_route_kept_beside_overlap(21)
+with behaviour("a global average in flight in fragments, each folded in exactly at the next step"):
+    check_global_average_in_fragments(20)
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)

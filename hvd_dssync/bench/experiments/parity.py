@@ -23,6 +23,7 @@ difference in percentage points from ``horovod``, for the rank-0 model and for t
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -39,6 +40,7 @@ from sklearn.preprocessing import StandardScaler
 from hvd_dssync.bench.report import bootstrap_interval
 from hvd_dssync.bench.catalog import AVERAGER_PERIODS
 from hvd_dssync.bench.worker import postlocal_optimizer
+from hvd_dssync.overlap import FRAGMENTS_ENV
 
 RACKS = [[0, 1], [2, 3]]
 
@@ -83,6 +85,9 @@ CONFIGS = {
     # Averages behind the local steps, folded in once done (the default's choice where its trial keeps it).
     "dssync-every-4-overlap": {"average_every": 4, **BRIDGES, "overlap": True},
     "dssync-default-overlap": {"overlap": True},
+    # The same with each global average in 8 fragments, one a step through the period (the default's trial
+    # chooses fragments where one ring of the model cannot hide behind a step: hvd_dssync.overlap).
+    "dssync-default-overlap-f8": {"overlap": True, "environ": {FRAGMENTS_ENV: "8"}},
     # The same as the default's trial runs it where it keeps overlap: the global averages through the racks,
     # waited for.
     "dssync-default-overlap-route": {"overlap": True, "schedule_options": {"global_via_bridges": True}},
@@ -165,7 +170,13 @@ def train_one(config, data, seed, epochs, args):
             options["warmup_steps"] = steps_per_epoch
         if "schedule" not in options:
             options["topology"] = RACKS  # the topology-aware schedule on the racks
-        opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model, **options)
+        environ = options.pop("environ", {})  # read as the optimizer is built
+        os.environ.update(environ)
+        try:
+            opt = dss.DistributedOptimizer(opt, named_parameters=model.named_parameters(), model=model, **options)
+        finally:
+            for name in environ:
+                del os.environ[name]
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if options != "pytorch":
         hvd.broadcast_optimizer_state(opt, root_rank=0)
