@@ -17,12 +17,13 @@ trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
 ="auto"``: through the racks, waited for, or over every rank at once, behind the steps), the waited half
-decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`): in flight where
-what a global average cost the waited periods, over the racks' averages, is no more than the local step it
-may hide behind. A global average in flight is folded in a step after it started (:func:`folds_now`: a later
-fold costs the ranks' models accuracy), and a ring over every rank crosses the slow link as the route does:
-where it takes longer than a step (a slow link), the rest would be waited for at the fold, with more bytes
-than the route. Unsure (nothing timed) is the route.
+decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`). A global average
+in flight is folded in a step after it started (:func:`folds_now`: a later fold costs the ranks' models
+accuracy), and a ring over every rank crosses the slow link as the route does, with more bytes. So it goes in
+fragments (:func:`global_fragments`, :func:`fragment_ranges`): as many parts of the model, each sent at a step
+of its own and folded in at the next, as it takes for each ring to fit behind a local step, at most one a step
+until the next average; the route where what even those steps leave exposed would cost more than the route.
+Unsure (nothing timed) is the route.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -31,9 +32,9 @@ import time
 
 import numpy as np
 
-__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "global_fragments",
-           "fragment_ranges", "forced_fragments", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS",
-           "FRAGMENTS_ENV"]
+__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places",
+           "global_fragments", "fragment_ranges", "forced_fragments", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T",
+           "GLOBAL_FOLD_STEPS", "FRAGMENTS_ENV"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -58,8 +59,10 @@ def folds_now(kind, started, step, done):
 
     Example::
 
-        >>> folds_now("group", 1, 2, done=False), folds_now("global", 7, 8, done=False), folds_now("group", 1, 2, done=True)
-        (False, True, True)
+        >>> folds_now("group", 1, 2, done=False), folds_now("global", 7, 8, done=False)
+        (False, True)
+        >>> folds_now("group", 1, 2, done=True)
+        True
     """
     from .policy import GLOBAL
     return bool(done) or (kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
@@ -115,8 +118,8 @@ def fragment_ranges(sizes, count):
     offsets = np.cumsum([0] + sizes)
     fragments = []
     for low, high in zip(bounds, bounds[1:]):
-        fragments.append([(i, max(low, int(offsets[i])) - int(offsets[i]), min(high, int(offsets[i + 1])) - int(offsets[i]))
-                          for i in range(len(sizes)) if max(low, offsets[i]) < min(high, offsets[i + 1])])
+        spans = [(i, max(low, int(offsets[i])), min(high, int(offsets[i + 1]))) for i in range(len(sizes))]
+        fragments.append([(i, a - int(offsets[i]), b - int(offsets[i])) for i, a, b in spans if a < b])
     return fragments
 
 

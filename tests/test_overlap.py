@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dssync.overlap import GLOBAL_FOLD_STEPS, MIN_GAIN, OverlapTrial, folds_now, runs_trial
+from hvd_dssync.overlap import (FRAGMENTS_ENV, GLOBAL_FOLD_STEPS, MIN_GAIN, OverlapTrial, folds_now, forced_fragments,
+                                fragment_ranges, global_fragments, runs_trial)
 
 
 def run_trials(trials, seconds):
@@ -259,8 +260,8 @@ def test_the_waited_half_chooses_the_global_averages_way_under_noise(compute, ra
     in at least 95 of 100 trials on noisy step times, the route where expected, else in flight in as many
     fragments as expected (the fewest and the most of the noise's reach). The overlapped half then times that
     way; with nothing else hidden (the racks' averages, as on the emulated cluster), overlap is kept where the
-    fragments hide a global average's whole route (90 of 100 at least: unsure is off), not where they save a step's wait at
-    most, every 32 steps (5 of 100 at most)."""
+    fragments hide a global average's whole route (90 of 100 at least: unsure is off), not where they save a
+    step's wait at most, every 32 steps (5 of 100 at most)."""
     rng = np.random.default_rng(int(compute * 1000 + route * 100 + ranks + 10 * noise))
     chosen = [trial_choosing_globals(rng, ranks, compute, rack, route, noise) for _ in range(100)]
     fewest, most = fragments
@@ -286,7 +287,8 @@ STATIC_8_RANKS = [[0.151, 0.168, 0.538, 0.165] * 2, [7 * 0.012] * 8]
 def test_the_global_averages_way_on_recorded_figures(recorded, ranks, fragments):
     """On the accelerator the route cost 0.67 s against a local step's 0.14 s: 7 fragments, each a ring of 1.5
     times a seventh of the route's bytes across the racks, within a step (a ring of the whole model in flight
-    would be waited for most of its time at its fold, a step later). On the static cluster 0.38 s against 0.012 s: the route, as the trial timed before it chose."""
+    would be waited for most of its time at its fold, a step later). On the static cluster 0.38 s against 0.012 s:
+    the route, as the trial timed before it chose."""
     trial = OverlapTrial(0, 8, cycle=4, globals_at=(2, 6), world_size=ranks)
     rows = [recorded[k] + [0.0] * 8 + recorded[k + 1] for k in range(0, len(recorded), 2)]
     assert trial.decide_globals(rows) == fragments
@@ -336,3 +338,41 @@ def test_a_global_average_in_flight_is_folded_in_a_step_after_it_started(average
             assert folds_now(kind, s, later, done=True)
             due = kind == "global" and later - s >= GLOBAL_FOLD_STEPS
             assert folds_now(kind, s, later, done=False) is due, (s, later)
+
+
+@pytest.mark.parametrize("sizes, count", [([10, 2], 3), ([5_760_000, 2400, 153_600, 2400, 24_000, 10], 7),
+                                          ([1, 1], 4), ([3], 1), ([7, 0, 5], 5)])
+def test_the_fragments_cover_the_model_once_in_order_and_nearly_equal(sizes, count):
+    """Every element of every tensor is in exactly one fragment, in the model's order; the fragments differ by
+    an element at most, and none is empty."""
+    fragments = fragment_ranges(sizes, count)
+    assert len(fragments) == min(count, sum(sizes))
+    covered = [(i, e) for parts in fragments for i, a, b in parts for e in range(a, b)] if sum(sizes) < 100 else None
+    if covered is not None:
+        assert covered == [(i, e) for i, n in enumerate(sizes) for e in range(n)]
+    totals = [sum(b - a for _, a, b in parts) for parts in fragments]
+    assert sum(totals) == sum(sizes) and max(totals) - min(totals) <= 1 and min(totals) > 0
+    assert all(0 <= a < b <= sizes[i] for parts in fragments for i, a, b in parts)
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.2])
+def test_the_fragments_hide_behind_a_step_each_under_noise(noise):
+    """On noisy figures of a slow link (a ring of the whole model over 4 ranks 7 steps long), the fragments,
+    each 1.5/n of the route across the racks, fit a step each (within the noise's reach: the ring's share of
+    bytes over the step, rounded up) and never pass the period; the route where even a period's steps leave
+    more exposed than the route costs."""
+    rng = np.random.default_rng(int(100 * noise))
+    for _ in range(200):
+        route, step = 0.67 * rng.lognormal(0, noise), 0.14 * rng.lognormal(0, noise)
+        count = global_fragments(route, step, 4, 8)
+        assert 1 <= count <= 8
+        assert count == 8 or 1.5 * route / count <= step + 1e-9
+        assert count == 1 or 1.5 * route / (count - 1) > step
+    assert global_fragments(0.38, 0.012, 8, 8) == 0  # the static cluster: 0.57 s left exposed against 0.38
+    assert global_fragments(-0.01, 0.14, 4, 8) == 1  # the route cost nothing: one ring
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_count_of_fragments_is_named(value):
+    with pytest.raises(ValueError, match=f"{FRAGMENTS_ENV}='{value}'"):
+        forced_fragments({FRAGMENTS_ENV: value})

@@ -11,6 +11,7 @@ Elastic Horovod: under ``hvd.elastic.run`` the ranks check their agreement and r
 when the step is first traced, not at construction; ``hvd_dssync.keras.elastic.KerasState`` rebuilds the
 schedule for a new world and drops the traced ``train_function`` (see :mod:`.elastic`).
 """
+import os
 import warnings
 import weakref
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 from .. import build
 from ..config import config_of, warn_num_groups
+from ..overlap import FRAGMENTS_ENV, forced_fragments
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
@@ -368,6 +370,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         if elastic_job():
             raise ValueError("Arg ``overlap``: overlap=True is not supported under elastic Horovod in the Keras "
                              "adapter (an average in flight would cross a reset).")
+        if forced_fragments(os.environ) > 1:
+            raise ValueError(f"{FRAGMENTS_ENV}={os.environ[FRAGMENTS_ENV]}: a global average in fragments is the "
+                             "PyTorch adapter's only; the Keras adapter sends it whole (unset the variable).")
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.

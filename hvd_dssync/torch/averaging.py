@@ -401,10 +401,7 @@ class Averaging:
                          for before, averaged in zip(pending.sent, pending.received)]
                 for tensor, move in zip(tensors, moves):
                     tensor.add_(move)
-            if pending.parts is None:
-                self._tell_fold_hooks(pending.names, moves)
-            else:
-                self._tell_fold_hooks(*_whole_moves(pending.parts, moves))
+            self._tell_fold_hooks(pending.names, moves, pending.parts)
         self._outer_step()
         # What the next exact bridge sends is the group's average, the same on every member, as where the
         # average is waited for; the live model also holds this rank's steps since the average was sent.
@@ -414,10 +411,11 @@ class Averaging:
             self._remember_parts(world, pending.parts, pending.received)
         return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
 
-    def _tell_fold_hooks(self, names, moves):
-        """Tell the fold hooks what a fold added to each tensor (``names``: what the tensors are)."""
+    def _tell_fold_hooks(self, names, moves, parts=None):
+        """Tell the fold hooks what a fold added to each tensor (``names``: what the tensors are; ``parts``: those
+        of a fragment, whose moves the hooks are told as whole tensors)."""
         if self.fold_hooks:
-            named = list(zip(names, moves))
+            named = list(zip(names, moves)) if parts is None else _whole_moves(parts, moves)
             for hook in list(self.fold_hooks.values()):
                 hook(named)
 
@@ -550,16 +548,12 @@ class Averaging:
 
 
 def _whole_moves(parts, moves):
-    """The fold hooks' names and moves of a fragment's fold: each tensor it touched, whole, zero outside its part
-    (``parts``: :attr:`_InFlight.parts`)."""
-    names, whole, index = [], [], {}
+    """``(name, move)`` of a fragment's fold for the fold hooks: each tensor it touched, whole, zero outside its
+    part (``parts``: :attr:`_InFlight.parts`)."""
+    whole = {}
     for (name, tensor, a, b), move in zip(parts, moves):
-        if name not in index:
-            index[name] = len(whole)
-            names.append(name)
-            whole.append(torch.zeros_like(tensor))
-        whole[index[name]].view(-1)[a:b].copy_(move)
-    return names, whole
+        whole.setdefault(name, torch.zeros_like(tensor)).view(-1)[a:b].copy_(move)
+    return list(whole.items())
 
 
 def _fits(buffers, tensors):

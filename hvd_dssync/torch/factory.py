@@ -89,14 +89,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
             latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
             evaluating ``model`` fold it in first. A global average on racks then goes over every rank at
-            once, one op, folded in the step after it started (``hvd_dssync.overlap.folds_now``); beside
-            ``global_via_bridges=True`` it keeps the route, waited for (its three averages would each wait
-            for the one before).
+            once, folded in the step after it started (``hvd_dssync.overlap.folds_now``), one op, or in as
+            many fragments as ``HVD_DSSYNC_GLOBAL_FRAGMENTS`` says (each a part of the model sent at a step of
+            its own, folded in at the next); beside ``global_via_bridges=True`` it keeps the route, waited for
+            (its three averages would each wait for the one before).
             None (the default): in a job of several hosts, decided by a
             trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
             host, with a lossy compression, sparse averaging or the adaptive policy); its waited half also
             decides whether the global averages go through the racks, waited for, or over every rank, in
-            flight (where what the route cost is within a local step). False: every average is waited for.
+            flight, in as many fragments as hide behind a step each (``hvd_dssync.overlap.global_fragments``).
+            False: every average is waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning
             rate 1): the parameters move by ``m <- outer_momentum * m + change of the averaged model since

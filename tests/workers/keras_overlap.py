@@ -8,6 +8,8 @@ each rank computed. With an average at every step (racks, then an exact bridge) 
 checked against the reference of overlapped averaging (``common.overlapped_reference``) once
 ``synchronize()`` has folded in the last one. Usage: keras_overlap.py
 """
+import os
+
 import common
 import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
@@ -15,6 +17,7 @@ import hvd_dssync.keras as dss
 import numpy as np
 import tensorflow as tf
 from common import behaviour, check, expect_error, overlapped_reference
+from hvd_dssync.overlap import FRAGMENTS_ENV
 from hvd_dssync.plan import SyncPlan
 
 hvd.init()
@@ -89,6 +92,12 @@ def check_refusals():
         sgd, overlap=True, compression=hvd.Compression.fp16, num_groups=1))
     expect_error(ValueError, ["adaptive policy", "overlap=True"], lambda: dss.DistributedOptimizer(
         sgd, overlap=True, policy="adaptive"))
+    os.environ[FRAGMENTS_ENV] = "4"  # fragments of a global average: the PyTorch adapter's only
+    try:
+        expect_error(ValueError, [f"{FRAGMENTS_ENV}=4", "PyTorch"], lambda: dss.DistributedOptimizer(
+            sgd, overlap=True, num_groups=1))
+    finally:
+        del os.environ[FRAGMENTS_ENV]
 
 
 for name, steps, options in common.STALE_FOLD_CASES:
