@@ -23,7 +23,10 @@ accuracy), and a ring over every rank crosses the slow link as the route does, w
 fragments (:func:`global_fragments`, :func:`fragment_ranges`): as many parts of the model, each sent at a step
 of its own and folded in at the next, as it takes for each ring to fit behind a local step, at most one a step
 until the next average; the route where what even those steps leave exposed would cost more than the route.
-Unsure (nothing timed) is the route.
+Unsure (nothing timed) is the route. The overlapped half then decides each kind on its own
+(:meth:`OverlapTrial.decide`): the fragments on what their places of the cycle saved, the racks' averages
+on theirs (on 2 shared cores a rack's average in flight cost more than waited, while the fragments hid the
+route's slow link).
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -363,42 +366,75 @@ class OverlapTrial:
         """Whether the trial chose the global averages in flight (:attr:`global_fragments`)."""
         return self.global_fragments > 0
 
+    def _kinds(self):
+        """The places of the cycle whose savings decide each kind of average: the global averages in flight (their
+        place and the next, which holds their fragments' folds) where the trial sent them so, then the others
+        (the racks' averages, the bridges); else every place, one kind."""
+        if not self.global_fragments:
+            return (), tuple(range(self.cycle))
+        places = {k % self.cycle for k in self.globals_at}
+        places |= {(k + 1) % self.cycle for k in places}
+        return tuple(sorted(places)), tuple(k for k in range(self.cycle) if k not in places)
+
     def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
-        ``min_gain`` or more, and by more than the noise. The saving of each averaging period is the waited
-        period's seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the
-        ranks (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
+        ``min_gain`` or more, and by more than the noise; each kind of average on its own where the global
+        averages went in flight (:meth:`_kinds`): the global averages in flight only where their places saved
+        that much, the others only where theirs did. The saving of each averaging period is the waited period's
+        seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the ranks
+        (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
         averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
         a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
-        average), which is no noise. Overlap is kept where the mean saving less :data:`MIN_T` standard errors is
-        still ``min_gain`` of a waited period. Returns the decision (None where the first look lets the trial
-        go on).
+        average), which is no noise. A kind is kept where what its places saved a cycle, less :data:`MIN_T`
+        standard errors, is still ``min_gain`` of their waited periods. Returns the decision on the averages but the
+        global ones (None where the first look lets the trial go on); :attr:`global_fragments` is 0 where the
+        global ones go back to the route.
 
-        ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where that cycle saved
-        less than ``min_gain`` of the waited periods of the same places (the final rule could then keep overlap
-        only where the second cycle saved far more than the first; unsure is off); else None, the trial goes
-        on.
+        ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where no kind's places
+        saved ``min_gain`` of their waited periods in that cycle (the final rule could then keep overlap only where
+        the second cycle saved far more than the first; unsure is off); else None, the trial goes on.
         """
         periods = np.asarray(gathered, dtype=float)[:, :2 * self.blocks].reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
+        kinds = [list(places) for places in self._kinds() if places]
+        by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
-            # The first overlapped cycle holds each place once: its mean is set against the waited periods' mean,
-            # which holds every place as often.
-            first = overlapped[:, :self.cycle]
-            if waited.mean() - first.mean() >= self.min_gain * waited.mean():
+            # The first overlapped cycle holds each place once, set against the waited periods of the same place.
+            first = by_place - overlapped[:, :self.cycle].mean(axis=0)
+            if any(first[places].sum() >= self.min_gain * by_place[places].sum() for places in kinds):
                 return None
-            self.gain = _shorter(first, waited)
-            self.decided, self.early = False, True
+            self.gain = _shorter(overlapped[:, :self.cycle], waited)
+            self.decided, self.early, self.global_fragments = False, True, 0
             return False
         self.gain = _shorter(overlapped, waited)
         saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
-        spread = saved - saved.mean(axis=0)
         freedom = saved.size - self.cycle
-        error = math.sqrt((spread ** 2).sum() / freedom / saved.size) if freedom > 0 else math.inf
-        # Sure of a gain of min_gain: the saving less MIN_T standard errors is still that share of a period.
-        sure = saved.mean() - MIN_T * error >= self.min_gain * waited.mean()
-        self.decided = bool(math.isfinite(self.gain) and sure)
+        variance = ((saved - saved.mean(axis=0)) ** 2).sum() / freedom if freedom > 0 else math.inf
+
+        def sure(places):
+            # Sure of a gain of min_gain: what the places saved a cycle less MIN_T standard errors.
+            if not places or not math.isfinite(self.gain):
+                return False
+            places = list(places)
+            error = math.sqrt(len(places) * variance / saved.shape[0])
+            return saved[:, places].sum(axis=1).mean() - MIN_T * error >= self.min_gain * by_place[places].sum()
+
+        global_places, others = self._kinds()
+        if global_places and not sure(global_places):
+            self.global_fragments = 0
+        self.decided = bool(sure(others))
         return self.decided
+
+    @property
+    def overlapping(self):
+        """Whether any average runs in flight after the trial (the global ones' fragments included); None during
+        it."""
+        return None if self.decided is None else bool(self.decided or self.global_fragments)
+
+    def fragments_at(self, step):
+        """In how many fragments ``step``'s global average, if it has one, goes in flight (:meth:`decide_globals`,
+        :meth:`decide`): none in the waited half and before it; 0: through the racks."""
+        return self.global_fragments if self.decided is not None or step >= self.first + self.length else 0
 
     def rule_out(self):
         """Overlap cannot run here (sparse averaging in use, which every rank agreed on): off, no trial."""
@@ -408,7 +444,7 @@ class OverlapTrial:
         if self.decided is None:
             return "overlap: on trial"
         if math.isnan(self.gain):
-            return f"overlap {'on' if self.decided else 'off'} (no trial)"
+            return f"overlap {'on' if self.overlapping else 'off'} (no trial)"
         cycle = ", its first overlapped cycle" if self.early else ""
         way = ""
         if math.isfinite(self.route_cost):
@@ -416,5 +452,8 @@ class OverlapTrial:
                                                      if self.global_fragments > 1 else "")
             way = (f"; global averages {flight if self.globals_in_flight else 'through the racks'}"
                    f": the route cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
-        return (f"overlap {'on' if self.decided else 'off'} (the overlapped steps {self.gain:.0%} shorter{cycle}"
-                f"{way})")
+        kinds = ""
+        if self.decided != self.overlapping:
+            kinds = ", the global averages' fragments only"
+        return (f"overlap {'on' if self.overlapping else 'off'}{kinds} (the overlapped steps {self.gain:.0%} shorter"
+                f"{cycle}{way})")

@@ -308,7 +308,7 @@ class StepSync:
         """Whether the averages run behind compute: True, False, or None while the default's trial runs."""
         if self.choice is None:
             return bool(self.config is not None and self.config.overlap)
-        return self.choice.trial.decided
+        return self.choice.trial.overlapping
 
     @property
     def overlap_trial(self):

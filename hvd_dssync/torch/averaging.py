@@ -253,13 +253,16 @@ class Averaging:
         # Rides along, uncompressed, so that the members find out if they are at different steps.
         signature = guard.signature(world, tensors, step)
         started = time.perf_counter()
-        if self.overlap and self._fragmented(world, action, tensors, bridge):
+        # A global average on racks goes in flight where it does not take the route (global_fragments), the
+        # others where overlap is on: the trial may keep the global averages' fragments alone.
+        in_flight = bool(self.global_fragments) if route is not None else self.overlap
+        if in_flight and self._fragmented(world, action, tensors, bridge):
             self._fragments = _Fragments(action, step, process_set, name,
                                          fragment_ranges([t.numel() for t in tensors], self._fragment_count(world)),
                                          [t.numel() for t in tensors])
             self._send_fragment(world, step)
             return finished
-        if self.overlap:
+        if in_flight:
             copy, received = self._buffers_for(tensors)
             sent = self._agreed_models(tensors) if bridge is not None else _copy_into(copy, tensors)
             received = self._contribution(_copy_into(received, sent), bridge, carry)

@@ -127,11 +127,11 @@ class DSSyncOptimizer(torch.optim.Optimizer):
 
     @property
     def overlap(self):
-        """Whether the averages run behind compute: True, False, or None while the default's trial runs
-        (``overlap=None``: :mod:`hvd_dssync.overlap`)."""
+        """Whether the averages run behind compute (True where only the global averages' fragments do): True,
+        False, or None while the default's trial runs (``overlap=None``: :mod:`hvd_dssync.overlap`)."""
         if self._overlap_choice is None:
             return self._averaging.overlap
-        return self._overlap_choice.trial.decided
+        return self._overlap_choice.trial.overlapping
 
     @property
     def overlap_trial(self):

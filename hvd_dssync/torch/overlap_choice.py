@@ -43,8 +43,8 @@ class OverlapChoice:
 
     def global_fragments_at(self, step):
         """In how many fragments ``step``'s global average, if it has one, goes over every rank at once behind the
-        steps (the trial's choice, where overlap is on); 0: through the racks, waited for."""
-        return self.trial.global_fragments if self.trial.overlap_at(step) else 0
+        steps (the trial's choice, where it kept them in flight); 0: through the racks, waited for."""
+        return self.trial.fragments_at(step)
 
     def end_step(self, world, step, local):
         """Time the step (``local``: one with no average); where the trial is due, gather every rank's figures over

@@ -25,7 +25,7 @@ for step in range(last + 3):
     opt.step()
     assert opt.overlap is (None if step < trial.look else opt.overlap), (step, opt.overlap)
 assert opt.overlap in (True, False), opt.overlap
-assert opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'} ("), opt.overlap_trial
+assert opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'}"), opt.overlap_trial
 dss.synchronize_models(model)
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 models = hvd.allgather(flat.reshape(1, -1), name="test.models")
