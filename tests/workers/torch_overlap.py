@@ -67,17 +67,13 @@ def check_stale_fold_is_exact(steps, **kwargs):
           f"want the mean of what the ranks computed {want}")
 
 
-def check_bridge_sends_the_racks_average(steps):
-    """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
-    holds the local step taken before the rack's average was folded in. Every step moves the model by its
-    local step (``-lr * c``) and what the fold hooks are told its fold added (nothing where the rank sits a
-    bridge out, alone): the exact bridges' folds (their moves, before the carry is scaled) as the racks'."""
-    options = common.BRIDGE_EVERY_STEP
-    model, opt, kinds, _ = train(1, overlap=True, **options)
+def check_folds_told(model, opt, kinds, steps, after_step=lambda step: None):
+    """Steps 1 to ``steps - 1`` with a fold hook (``after_step(step)`` after each, its kind added to ``kinds``):
+    each step moves the model by its local step (``-lr * c``) plus what the hooks were told its folds added."""
     told, moved = [], []  # each step's: what the hooks were told its folds added; what it moved beyond -lr * c
     opt.register_fold_hook(lambda moves: told[-1].add_(dict(moves)["weight"]))
     c = torch.full((1, 3), float(RANK + 1))
-    for _ in range(1, steps):
+    for step in range(1, steps):
         before = model.weight.detach().clone()
         told.append(torch.zeros(1, 3))
         opt.zero_grad()
@@ -85,10 +81,21 @@ def check_bridge_sends_the_racks_average(steps):
         opt.step()
         kinds.append((opt.last_sync or {}).get("kind"))
         moved.append(model.weight.detach() - before + LR * c)
-    check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
+        after_step(step)
     check(any(m.abs().sum() > 0 for m in moved) and all(torch.allclose(t, m, atol=1e-5) for t, m in zip(told, moved)),
           f"the fold hooks told {[t.tolist() for t in told]}; the steps moved the model by "
           f"{[m.tolist() for m in moved]} beyond their local steps")
+
+
+def check_bridge_sends_the_racks_average(steps):
+    """Racks then an exact bridge at every step: a bridge sends the rack's average, not a model that also
+    holds the local step taken before the rack's average was folded in. Every step moves the model by its
+    local step (``-lr * c``) and what the fold hooks are told its fold added (nothing where the rank sits a
+    bridge out, alone): the exact bridges' folds (their moves, before the carry is scaled) as the racks'."""
+    options = common.BRIDGE_EVERY_STEP
+    model, opt, kinds, _ = train(1, overlap=True, **options)
+    check_folds_told(model, opt, kinds, steps)
+    check(kinds[0] is None and set(kinds[1:]) == {"group"}, f"kinds {kinds}")
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
     want = overlapped_reference(plan, SIZE, steps, LR)[0][-1]
     got = hvd.allgather(model.weight.detach()[:, :1].reshape(1)).tolist()
@@ -189,30 +196,22 @@ def check_global_average_in_fragments(steps, fragments=3):
         del os.environ[FRAGMENTS_ENV]
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
     starts = [t for t in range(steps - fragments) if plan.action(t).kind == "global"]
-    told, moved, folded = [], [], {}
-    opt.register_fold_hook(lambda moves: told[-1].add_(dict(moves)["weight"]))
     c = torch.full((1, 3), float(RANK + 1))
-    for step in range(1, steps):
-        before = model.weight.detach().clone()
-        told.append(torch.zeros(1, 3))
-        opt.zero_grad()
-        (model.weight * c).sum().backward()
-        opt.step()
-        kinds.append((opt.last_sync or {}).get("kind"))
-        moved.append(model.weight.detach() - before + LR * c)
+    folded = {}
+
+    def after_step(step):
         # After the fold of the fragment sent at the step before: its weight, less this step's own local step.
         k = next((step - 1 - s for s in starts if 0 <= step - 1 - s < fragments), None)
         if k is not None:
             agreed = hvd.allgather((model.weight.detach()[:, k] + LR * c[:, k]).reshape(1),
                                    name=f"test.fragment.{step}").tolist()
             folded[step] = (k, agreed)
+
+    check_folds_told(model, opt, kinds, steps, after_step)
     unequal = {step: got for step, (k, got) in folded.items() if max(got) - min(got) > 1e-5}
     check(starts and len(folded) == fragments * len(starts) and not unequal,
           f"global averages at steps {starts}; after each fragment's fold, its weight less the local step on each "
           f"rank: {folded}; unequal at {unequal}")
-    check(all(torch.allclose(t, m, atol=1e-5) for t, m in zip(told, moved)),
-          f"the fold hooks told {[t.tolist() for t in told]}; the steps moved the model by "
-          f"{[m.tolist() for m in moved]} beyond their local steps")
     dss.synchronize_models(model)
     want = computed_mean(steps)
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
