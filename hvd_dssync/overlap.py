@@ -272,7 +272,7 @@ class OverlapTrial:
         policy = plan.policy
         trial = cls(policy.warmup_steps, policy.average_every,
                     averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every),
-                    world_size=plan.world_size)
+                    world_size=plan.schedule.world_size)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
         return trial
