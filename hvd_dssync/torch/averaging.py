@@ -8,7 +8,6 @@ step (:mod:`.outer_step`).
 """
 import collections
 import time
-from typing import NamedTuple
 
 import horovod.torch as hvd
 import torch
@@ -18,37 +17,10 @@ from ..overlap import folds_now, fragment_ranges
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
+from .in_flight import Fragments, InFlight, agreed_with_parts, copy_into, fits, send_fragment, whole_moves
 from .outer_step import OuterStep
 
 __all__ = ["Averaging"]
-
-
-class _InFlight(NamedTuple):
-    """An average running behind the local steps (``overlap``), until :meth:`Averaging.finish_pending`."""
-    handle: int
-    names: list  # what the tensors are, for the fold hooks
-    tensors: list  # the live model's tensors, which the fold moves
-    sent: list  # what this rank sent (for an exact bridge, the model it agreed on)
-    received: list  # the average, once done
-    signature: torch.Tensor
-    action: object
-    step: int
-    process_set: object
-    issued: float  # seconds the issue delayed the step
-    nbytes: int
-    bridge: object
-    parts: list = None  # a fragment of a global average: (name, whole tensor, start, stop) of each part it sent
-
-
-class _Fragments(NamedTuple):
-    """A global average in flight in fragments (:attr:`Averaging.global_fragments`): fragment ``k`` is sent at
-    step ``step + k`` and folded in at the next."""
-    action: object
-    step: int
-    process_set: object
-    name: str
-    ranges: list  # hvd_dssync.overlap.fragment_ranges of the tensors' elements
-    sizes: list  # the tensors' elements when the first fragment was sent
 
 
 class Averaging:
@@ -102,7 +74,7 @@ class Averaging:
         # overlap=True: the global averages too, over every rank at once ("auto"), in this many fragments, each
         # sent at a step of its own and folded in at the next (0: through the racks, waited for).
         self.global_fragments = int(bool(overlap))
-        self._fragments = None  # a global average in flight in fragments: what the next steps send (_Fragments)
+        self._fragments = None  # a global average in flight in fragments: what the next steps send (Fragments)
         self.compression = compression
         self.outer = OuterStep(outer_momentum)  # the checkpoint saves and loads its state
         # The last averaged model all ranks share, for lossy compression (see _average_differences).
@@ -257,18 +229,18 @@ class Averaging:
         # others where overlap is on: the trial may keep the global averages' fragments alone.
         in_flight = bool(self.global_fragments) if route is not None else self.overlap
         if in_flight and self._fragmented(world, action, tensors, bridge):
-            self._fragments = _Fragments(action, step, process_set, name,
+            self._fragments = Fragments(action, step, process_set, name,
                                          fragment_ranges([t.numel() for t in tensors], self._fragment_count(world)),
                                          [t.numel() for t in tensors])
             self._send_fragment(world, step)
             return finished
         if in_flight:
             copy, received = self._buffers_for(tensors)
-            sent = self._agreed_models(tensors) if bridge is not None else _copy_into(copy, tensors)
-            received = self._contribution(_copy_into(received, sent), bridge, carry)
+            sent = self._agreed_models(tensors) if bridge is not None else copy_into(copy, tensors)
+            received = self._contribution(copy_into(received, sent), bridge, carry)
             handle = hvd.grouped_allreduce_async_(received + [signature], name=name, op=hvd.Average,
                                                   process_set=process_set)
-            self._pending = _InFlight(handle, [n for n, _ in named], tensors, sent, received, signature, action,
+            self._pending = InFlight(handle, [n for n, _ in named], tensors, sent, received, signature, action,
                                       step, process_set, time.perf_counter() - started, sent_bytes, bridge)
             return finished
         self._in_flight = None  # waited for: no buffers kept (overlap off, or the trial's waited half)
@@ -315,27 +287,14 @@ class Averaging:
         if self._pending is not None:  # the fragment before is folded in at this step (folds_now)
             raise RuntimeError("hvd_dssync: a fragment of a global average was sent before the last one was folded in")
         k = step - fragments.step
-        live = self._live()
-        if not 0 <= k < len(fragments.ranges) or [t.numel() for t in live] != fragments.sizes:
+        named = [(name, t.data) for name, t in self.tensors()]
+        if not 0 <= k < len(fragments.ranges) or [t.numel() for _, t in named] != fragments.sizes:
             self._fragments = None
             return
         if k == len(fragments.ranges) - 1:
             self._fragments = None
-        started = time.perf_counter()
-        copy, received = self._buffers_for(live)
-        names = [n for n, _ in self.tensors()]
-        parts = fragments.ranges[k]
-        tensors = [live[i].view(-1)[a:b] for i, a, b in parts]
-        sent = _copy_into([copy[i].view(-1)[a:b] for i, a, b in parts], tensors)
-        into = _copy_into([received[i].view(-1)[a:b] for i, a, b in parts], sent)
-        signature = self.guard.signature(world, tensors, step)
-        handle = hvd.grouped_allreduce_async_(into + [signature], name=f"{fragments.name}.{k}", op=hvd.Average,
-                                              process_set=fragments.process_set)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self._pending = _InFlight(handle, [names[i] for i, _, _ in parts], tensors, sent, into, signature,
-                                  fragments.action, step, fragments.process_set, time.perf_counter() - started,
-                                  ring_allreduce_bytes(len(fragments.action.group), nbytes), None,
-                                  [(names[i], live[i], a, b) for i, a, b in parts])
+        self._pending = send_fragment(fragments, k, named, self._buffers_for([t for _, t in named]),
+                                      lambda tensors: self.guard.signature(world, tensors, step), step)
 
     def _live(self):
         """The tensors a step averages, as they are now (:meth:`tensors`' data)."""
@@ -410,22 +369,22 @@ class Averaging:
         # average is waited for; the live model also holds this rank's steps since the average was sent.
         if pending.parts is None:
             self._remember(world, tensors if bridge is not None else pending.received)
-        else:
-            self._remember_parts(world, pending.parts, pending.received)
+        elif world.plan.schedule.has_bridges:
+            self._agreed = agreed_with_parts(self._agreed, self.tensors(), pending.parts, pending.received)
         return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
 
     def _tell_fold_hooks(self, names, moves, parts=None):
         """Tell the fold hooks what a fold added to each tensor (``names``: what the tensors are; ``parts``: those
         of a fragment, whose moves the hooks are told as whole tensors)."""
         if self.fold_hooks:
-            named = list(zip(names, moves)) if parts is None else _whole_moves(parts, moves)
+            named = list(zip(names, moves)) if parts is None else whole_moves(parts, moves)
             for hook in list(self.fold_hooks.values()):
                 hook(named)
 
     def _agreed_models(self, tensors):
         """This rank's model as of its last average (a copy of its live model before the first one), to be
         read only: :meth:`_remember` writes it after the bridge's move is taken."""
-        if not _fits(self._agreed, tensors):
+        if not fits(self._agreed, tensors):
             return [t.detach().clone() for t in tensors]
         return self._agreed
 
@@ -433,7 +392,7 @@ class Averaging:
         """Two buffers shaped as ``tensors`` for an average to run in flight: what this rank sends, and what it
         receives. The last average's are used again while the model keeps its shapes (nothing is in flight
         when an average starts): allocating them at each average cost several times the copies into them."""
-        if self._in_flight is None or not _fits(self._in_flight[0], tensors):
+        if self._in_flight is None or not fits(self._in_flight[0], tensors):
             self._in_flight = tuple([torch.empty_like(t) for t in tensors] for _ in range(2))
         return self._in_flight
 
@@ -442,25 +401,12 @@ class Averaging:
         buffers, as long as the model keeps its shapes)."""
         if not world.plan.schedule.has_bridges or self.sparse.row_sets is not None:
             return
-        if _fits(self._agreed, tensors):
+        if fits(self._agreed, tensors):
             with torch.no_grad():
                 for a, t in zip(self._agreed, tensors):
                     a.copy_(t)
         else:
             self._agreed = [t.detach().clone() for t in tensors]
-
-    def _remember_parts(self, world, parts, averaged):
-        """:meth:`_remember` for a fragment of a global average: its parts of the model its last average left
-        (``parts``: :attr:`_InFlight.parts`; the rest of the model, where nothing was kept yet, as it is now)."""
-        if not world.plan.schedule.has_bridges:
-            return
-        named = self.tensors()
-        if not _fits(self._agreed, [t for _, t in named]):
-            self._agreed = [t.detach().clone() for _, t in named]
-        position = {name: k for k, (name, _) in enumerate(named)}
-        with torch.no_grad():
-            for (name, _, a, b), average in zip(parts, averaged):
-                self._agreed[position[name]].view(-1)[a:b].copy_(average)
 
     def _cross(self, tensors, sent, averaged, bridge, fold_names=None):
         """An exact bridge's average is in: move the model (``tensors``) by what it moved the agreed model
@@ -548,26 +494,3 @@ class Averaging:
         state = state or {}
         self._carry = None if state.get("carry") is None else list(state["carry"])
         self._agreed = None if state.get("agreed") is None else list(state["agreed"])
-
-
-def _whole_moves(parts, moves):
-    """``(name, move)`` of a fragment's fold for the fold hooks: each tensor it touched, whole, zero outside its
-    part (``parts``: :attr:`_InFlight.parts`)."""
-    whole = {}
-    for (name, tensor, a, b), move in zip(parts, moves):
-        whole.setdefault(name, torch.zeros_like(tensor)).view(-1)[a:b].copy_(move)
-    return list(whole.items())
-
-
-def _fits(buffers, tensors):
-    """Whether ``buffers`` (or None) can hold ``tensors``: as many, of the same shapes, dtypes and devices."""
-    return buffers is not None and len(buffers) == len(tensors) and all(
-        b.shape == t.shape and b.dtype == t.dtype and b.device == t.device for b, t in zip(buffers, tensors))
-
-
-def _copy_into(buffers, tensors):
-    """``tensors`` copied into ``buffers``; returns the buffers."""
-    with torch.no_grad():
-        for b, t in zip(buffers, tensors):
-            b.copy_(t)
-    return buffers
