@@ -26,7 +26,9 @@ until the next average; the route where what even those steps leave exposed woul
 Unsure (nothing timed) is the route. The overlapped half then decides each kind on its own
 (:meth:`OverlapTrial.decide`): the fragments on what their places of the cycle saved, the racks' averages
 on theirs (on 2 shared cores a rack's average in flight cost more than waited, while the fragments hid the
-route's slow link).
+route's slow link). The fragments, folded in a step late and not a period, need save only a period's share of
+:data:`MIN_GAIN`. Before each half's first global average the adapter warms that half's way
+(:meth:`OverlapTrial.warms`), untimed: a way's first average cost more than the next.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -307,12 +309,13 @@ class OverlapTrial:
         :meth:`decide`; at :attr:`look`, early)."""
         return self.decided is None and step in (self.look, self.last, self._globals_step)
 
-    def step_ended(self, step, gather, local=False):
+    def step_ended(self, step, gather, local=False, warm=None):
         """What an adapter calls at the end of each step (``local``: one with no average): notes the step's
         seconds, from the end of the step before; where :meth:`due`, decides from ``gather(figures)``, the
         adapter's allgather of :meth:`figures` over the optimizer's ranks (a collective, at the same step on
         every rank): the global averages' way at the waited half's last step, overlap at the look and the last
-        step. Returns the decision on overlap taken at this step, or None."""
+        step. Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op on the way's sets, every rank at
+        the same step), untimed. Returns the decision on overlap taken at this step, or None."""
         now = time.perf_counter()
         if self._last_end is not None:
             self.note(step, now - self._last_end, local)
@@ -323,8 +326,35 @@ class OverlapTrial:
                 self.decide_globals(gathered)
             else:
                 decided = self.decide(gathered, early=step < self.last)
+        way = self.warms(step)
+        if warm is not None and way is not None:
+            warm(way)
         self._last_end = time.perf_counter()
         return decided
+
+    def warms(self, step):
+        """The way of the global averages whose sets the adapter warms at the end of ``step``, untimed, or None: the
+        route (0) before the period of the waited half's first global average, the fragments (their count) before
+        the overlapped half's, where the trial chose them. One op of what the way sends across the racks, of zeros:
+        on the accelerator bench the first global average of each way cost its step 0.3-0.7 s more than the next
+        (the first route 1.0-1.4 s against 0.9 s; the first fragment's fold 0.5-0.9 s against 0.2 s), which the
+        trial, with two global averages each way, took for what the way costs.
+
+        Example::
+
+            >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6), world_size=4)
+            >>> trial.global_fragments = 6
+            >>> [(s, trial.warms(s)) for s in range(120) if trial.warms(s) is not None]
+            [(23, 0), (87, 6)]
+        """
+        if not self.globals_at or self.decided is not None:
+            return None
+        before = self.first + self.globals_at[0] * self.period - 1
+        if step == before:
+            return 0
+        if step == before + self.length and self.global_fragments:
+            return self.global_fragments
+        return None
 
     def figures(self):
         """This rank's seconds of each averaging period of the trial, the waited ones first, and where the
@@ -380,28 +410,33 @@ class OverlapTrial:
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
         ``min_gain`` or more, and by more than the noise; each kind of average on its own where the global
         averages went in flight (:meth:`_kinds`): the global averages in flight only where their places saved
-        that much, the others only where theirs did. The saving of each averaging period is the waited period's
+        ``min_gain`` times :data:`GLOBAL_FOLD_STEPS` over the period (the share the staleness they are folded in
+        with asks for: a step's, not a period's), the others only where theirs saved ``min_gain``. The saving of each averaging period is the waited period's
         seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the ranks
         (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
         averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
         a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
         average), which is no noise. A kind is kept where what its places saved a cycle, less :data:`MIN_T`
-        standard errors, is still ``min_gain`` of their waited periods. Returns the decision on the averages but the
+        standard errors, is still its share of their waited periods. Returns the decision on the averages but the
         global ones (None where the first look lets the trial go on); :attr:`global_fragments` is 0 where the
         global ones go back to the route.
 
         ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where no kind's places
-        saved ``min_gain`` of their waited periods in that cycle (the final rule could then keep overlap only where
+        saved their share of their waited periods in that cycle (the final rule could then keep overlap only where
         the second cycle saved far more than the first; unsure is off); else None, the trial goes on.
         """
         periods = np.asarray(gathered, dtype=float)[:, :2 * self.blocks].reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
-        kinds = [list(places) for places in self._kinds() if places]
+        global_places, others = self._kinds()
+        # The share of their waited periods each kind must save: a global average's fragments are folded in a step
+        # after they start, not a period: so much less staleness to pay for.
+        kinds = [(list(places), gain) for places, gain in
+                 ((global_places, self.min_gain * GLOBAL_FOLD_STEPS / self.period), (others, self.min_gain)) if places]
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
             # The first overlapped cycle holds each place once, set against the waited periods of the same place.
             first = by_place - overlapped[:, :self.cycle].mean(axis=0)
-            if any(first[places].sum() >= self.min_gain * by_place[places].sum() for places in kinds):
+            if any(first[places].sum() >= gain * by_place[places].sum() for places, gain in kinds):
                 return None
             self.gain = _shorter(overlapped[:, :self.cycle], waited)
             self.decided, self.early, self.global_fragments = False, True, 0
@@ -411,18 +446,17 @@ class OverlapTrial:
         freedom = saved.size - self.cycle
         variance = ((saved - saved.mean(axis=0)) ** 2).sum() / freedom if freedom > 0 else math.inf
 
-        def sure(places):
-            # Sure of a gain of min_gain: what the places saved a cycle less MIN_T standard errors.
+        def sure(places, gain):
+            # Sure of a gain of ``gain``: what the places saved a cycle less MIN_T standard errors.
             if not places or not math.isfinite(self.gain):
                 return False
             places = list(places)
             error = math.sqrt(len(places) * variance / saved.shape[0])
-            return saved[:, places].sum(axis=1).mean() - MIN_T * error >= self.min_gain * by_place[places].sum()
+            return saved[:, places].sum(axis=1).mean() - MIN_T * error >= gain * by_place[places].sum()
 
-        global_places, others = self._kinds()
-        if global_places and not sure(global_places):
+        if global_places and not sure(global_places, self.min_gain * GLOBAL_FOLD_STEPS / self.period):
             self.global_fragments = 0
-        self.decided = bool(sure(others))
+        self.decided = bool(sure(others, self.min_gain))
         return self.decided
 
     @property

@@ -6,8 +6,9 @@ import horovod.torch as hvd
 import torch
 
 from ..overlap import OverlapTrial
+from . import collectives
 
-__all__ = ["OverlapChoice"]
+__all__ = ["OverlapChoice", "warm_way"]
 
 log = logging.getLogger("hvd_dssync")
 
@@ -21,19 +22,22 @@ class OverlapChoice:
             schedule's cycle of averages).
         choose_globals: the global averages may go through the racks or over every rank at once (the route is
             ``"auto"``): the trial's waited half decides which (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
+        registry: the schedule's process sets (the route's sets, warmed before each half's first global average
+            is timed: :func:`warm_way`).
 
     Example::
 
-        choice = OverlapChoice("dssync.0", plan, choose_globals=True)
+        choice = OverlapChoice("dssync.0", plan, choose_globals=True, registry=registry)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         averaging.global_fragments = choice.global_fragments_at(step)
         ...                                  # the step
-        choice.end_step(world, step, local)  # an allgather at the waited half's end, the first look, the last step
+        choice.end_step(world, step, local, tensors)  # an allgather at the waited half's end, the look, the last step
     """
 
-    def __init__(self, name, plan, choose_globals=False):
+    def __init__(self, name, plan, choose_globals=False, registry=None):
         self.name = name
         self.trial = OverlapTrial.of(plan, choose_globals)
+        self.registry = registry
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
@@ -46,15 +50,39 @@ class OverlapChoice:
         steps (the trial's choice, where it kept them in flight); 0: through the racks, waited for."""
         return self.trial.fragments_at(step)
 
-    def end_step(self, world, step, local):
+    def end_step(self, world, step, local, tensors):
         """Time the step (``local``: one with no average); where the trial is due, gather every rank's figures over
-        the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`). Returns the
-        decision on overlap taken at this step, or None."""
+        the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`); where it warms
+        a way of the global averages, warm it (:func:`warm_way`; ``tensors()``: the tensors an average sends).
+        Returns the decision on overlap taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()
 
-        decided = self.trial.step_ended(step, gather, local)
+        def warm(fragments):
+            warm_way(world, f"{self.name}.warm", step, tensors(), self.registry, fragments)
+
+        decided = self.trial.step_ended(step, gather, local, warm)
         if decided is not None and world.scope.rank == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         return decided
+
+
+def warm_way(world, name, step, tensors, registry, fragments):
+    """One op of zeros on the sets a way of the global averages sends across the racks, of the size it sends there,
+    every rank of the optimizer at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`). ``fragments``: 0,
+    the route's op across the racks after ``step`` (a speaker's of the model's size of ``tensors``, every other
+    rank's a tiny one in its group of the bridge step, as the route's: every rank issues as many ops); else one
+    fragment of a global average in that many, over the optimizer's ranks."""
+    elements, dtype = sum(t.numel() for t in tensors), tensors[0].dtype
+    if fragments:
+        collectives.allreduce_(torch.zeros(-(-elements // fragments), dtype=dtype), name=f"{name}.fragment",
+                               op=hvd.Sum, process_set=world.process_set)
+        return
+    plan = world.plan
+    route = next(filter(None, (plan.global_route(s) for s in range(step + 1, step + 1 + plan.policy.global_every))),
+                 None)
+    across = None if route is None else registry.get(world.scope.to_global(route.group))
+    if across is not None:
+        collectives.allreduce_(torch.zeros(elements if route.speaks else 1, dtype=dtype),
+                               name=f"{name}.across.{across.process_set_id}", op=hvd.Sum, process_set=across)
