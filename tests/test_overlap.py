@@ -465,22 +465,58 @@ def test_each_way_of_the_global_averages_is_warmed_before_its_half_untimed(globa
     assert timed.size >= trial.blocks + trial.cycle and np.allclose(timed, 0.8)  # 8 steps of 0.1 s each, no more
 
 
-# One trial's periods of rank 0 (the others' were not recorded), waited then overlapped, on `python -m hvd_dssync
-# bench --scenarios accelerator --ranks 4 --contenders dssync-default`, seed 0, each way warmed before its half: the
-# route cost 0.73 s against a local step of 0.21 s, 6 fragments chosen; their places (2 and 3) saved 1.16 s and 0.49 s
-# a cycle, the racks' (0 and 1) 0.0 s and 0.03 s.
-ACCELERATOR_WARMED = [1.50, 2.22, 2.82, 1.67, 1.54, 1.69, 2.14, 1.73, 1.90, 1.82, 1.55, 1.78, 1.61, 1.59, 1.60, 1.78]
+# Trials' periods of rank 0 (the others' were not recorded), waited then overlapped, on `python -m hvd_dssync bench
+# --scenarios accelerator --ranks 4 --contenders dssync-default`, seeds 0-2 and 0 again, each way warmed before its
+# half: the route cost 0.73-0.93 s against a local step of 0.20-0.21 s, 6 fragments chosen. The fragments' places
+# (2 and 3) saved 0.23-1.34 s a cycle (the first route 1.5-2.0 s, the second 0.9-1.3 s), the racks' -0.70-0.44 s.
+ACCELERATOR_WARMED = [
+    [1.54, 1.45, 3.20, 1.64, 1.50, 1.64, 2.36, 1.64, 1.81, 1.88, 1.57, 2.25, 1.59, 1.70, 1.64, 2.10],
+    [1.66, 1.66, 3.17, 1.55, 1.74, 1.62, 2.56, 1.63, 1.53, 1.73, 1.59, 1.79, 1.58, 1.68, 1.59, 2.01],
+    [1.75, 1.63, 2.69, 1.59, 1.69, 1.73, 2.34, 1.76, 1.50, 1.64, 1.44, 2.12, 1.48, 1.51, 1.58, 2.28],
+    [1.50, 2.22, 2.82, 1.67, 1.54, 1.69, 2.14, 1.73, 1.90, 1.82, 1.55, 1.78, 1.61, 1.59, 1.60, 1.78]]
 
 
-def test_the_trial_on_recorded_figures_keeps_the_fragments_alone():
-    """On the recorded trial (each rank's periods as rank 0's) the fragments are kept, folded a step late, and the
-    racks' averages, which saved nothing in flight, stay waited for; before the fragments' share of MIN_GAIN, the
-    fragments' gain of 0.83 s a cycle less 2.5 standard errors (0.70 s) fell short of a full 5% of their waited
-    periods (0.21 s), and the swap waited for every average."""
+@pytest.mark.parametrize("recorded", ACCELERATOR_WARMED)
+def test_the_trial_on_recorded_figures_keeps_the_fragments_alone(recorded):
+    """On each recorded trial (every rank's periods as rank 0's) the fragments are kept, their places having saved
+    0.48-0.97 s a global average, and the racks' averages, which saved less than 5% of their periods beyond the
+    noise in flight, stay waited for. With the racks' margin of 2.5 standard errors (0.19-0.36 s) the fragments
+    were dropped in 2 of these 4 (the swap then waited for every average: its mean step 1.41x the floor's, against
+    1.26x with every average in flight)."""
     trial = OverlapTrial(0, 8, cycle=4, globals_at=(2, 6), world_size=4)
     trial.global_fragments = 6
-    assert trial.decide([ACCELERATOR_WARMED] * 4) is False
+    assert trial.decide([recorded] * 4) is False
     assert trial.global_fragments == 6 and trial.overlapping
-    strict = OverlapTrial(0, 8, cycle=4, globals_at=(2, 6), world_size=4, min_gain=MIN_GAIN * 8)  # a full 5%, then
-    strict.global_fragments = 6
-    assert strict.decide([ACCELERATOR_WARMED] * 4) is False and strict.global_fragments == 0
+    assert "the global averages' fragments only" in trial.describe()
+
+
+@pytest.mark.parametrize("fold, kept", [(0.06, True), (0.18, False)])
+def test_the_fragments_are_chosen_by_their_mean_saving_under_the_routes_spread(fold, kept):
+    """The accelerator's spread (4 ranks, 100 trials): a local step of 0.19 s (noise 0.1), a rack's average 0.12 s,
+    the route 0.9 s waited for by every rank alike, with a log-normal spread of 0.3 (the bench's routes: 0.9-2.0 s),
+    and each of the fragments' 7 steps ``fold`` s longer, as spread. Fragments that save half the route are kept in
+    95 trials at least; fragments that cost 0.36 s more than the route, in 10 at most."""
+    rng = np.random.default_rng(int(fold * 100))
+    chosen = 0
+    for _ in range(100):
+        trials = [OverlapTrial(0, 8, cycle=4, globals_at=(2, 6), world_size=4) for _ in range(4)]
+        first = trials[0]
+        for step in range(first.last + 1):
+            averaging, place, into = (step + 1) % 8 == 0, (step - first.first) // 8 % 4, (step - first.first) % 8
+            in_flight = first.fragments_at(step) and ((averaging and place == 2) or (place == 3 and into < 6))
+            route = 0.9 * rng.lognormal(0.0, 0.3) if averaging and place == 2 and not in_flight else 0.0
+            for trial in trials:
+                seconds = 0.19 * rng.lognormal(0.0, 0.1) + route
+                seconds += 0.12 * rng.lognormal(0.0, 0.2) if averaging and place != 2 else 0.0
+                seconds += fold * rng.lognormal(0.0, 0.3) if in_flight else 0.0
+                trial.note(step, seconds, local=not averaging)
+            if first.due(step):
+                gathered = np.concatenate([t.figures() for t in trials])
+                for trial in trials:
+                    if step == first.first + first.length - 1:
+                        trial.decide_globals(gathered)
+                    else:
+                        trial.decide(gathered, early=step < trial.last)
+        assert len({t.global_fragments for t in trials}) == 1
+        chosen += first.global_fragments > 0
+    assert chosen >= 95 if kept else chosen <= 10, chosen
