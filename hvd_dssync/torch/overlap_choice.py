@@ -72,8 +72,8 @@ def warm_way(world, name, step, tensors, registry, fragments):
     """One op of zeros on the sets a way of the global averages sends across the racks, of the size it sends there,
     every rank of the optimizer at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`). ``fragments``: 0,
     the route's op across the racks after ``step`` (a speaker's of the model's size of ``tensors``, every other
-    rank's a tiny one in its group of the bridge step, as the route's: every rank issues as many ops); else one
-    fragment of a global average in that many, over the optimizer's ranks."""
+    rank's a tiny one in its group of the bridge step, as the route's: every rank issues as many ops), then a tiny
+    one over the optimizer's ranks; else one fragment of a global average in that many, over them."""
     elements, dtype = sum(t.numel() for t in tensors), tensors[0].dtype
     if fragments:
         collectives.allreduce_(torch.zeros(-(-elements // fragments), dtype=dtype), name=f"{name}.fragment",
@@ -86,3 +86,6 @@ def warm_way(world, name, step, tensors, registry, fragments):
     if across is not None:
         collectives.allreduce_(torch.zeros(elements if route.speaks else 1, dtype=dtype),
                                name=f"{name}.across.{across.process_set_id}", op=hvd.Sum, process_set=across)
+        # Every rank leaves the warm together: the others would start the waited half a model's crossing ahead of
+        # the speakers and wait for them in its first route, timed (1.5-2.0 s on the bench, 1.0-1.4 s unwarmed).
+        collectives.allreduce_(torch.zeros(1), name=f"{name}.together", op=hvd.Sum, process_set=world.process_set)
