@@ -27,7 +27,8 @@ Unsure (nothing timed) is the route. The overlapped half then decides each kind 
 (:meth:`OverlapTrial.decide`): the fragments on what their places of the cycle saved, the racks' averages
 on theirs (on 2 shared cores a rack's average in flight cost more than waited, while the fragments hid the
 route's slow link). The fragments, folded in a step late and not a period, need save only a period's share of
-:data:`MIN_GAIN`, by the mean (both ways are exact: a wrong choice costs as much time as they differ). Before each half's first global average the adapter warms that half's way
+:data:`MIN_GAIN`, by the mean (both ways are exact: a wrong choice costs as much time as they differ). Before
+each half's first global average the adapter warms that half's way
 (:meth:`OverlapTrial.warms`), untimed: a way's first average cost more than the next.
 
 Numpy only; the adapter times its steps and supplies the allreduce.
@@ -416,15 +417,15 @@ class OverlapTrial:
         docs/tuning.md), so a wrong choice costs time alone, as much as the two ways differ: the mean, which the
         waited half's choice agreed with, is the better bet; and no margin of standard errors is within reach of
         two global averages each way (on the accelerator bench the route's own spread left a standard error of
-        0.2-0.36 s against savings of 0.25-0.6 s a global average). The saving of each averaging period is the waited period's
-        seconds less the overlapped one's at the same place in the schedule's cycle, averaged over the ranks
-        (what the ranks' noise shares, as where they wait for each other, stays in it; what is their own
-        averages out). Its noise is read from the periods of the same place (a rack's average against a rack's,
-        a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more than a rack's
-        average), which is no noise. The others are kept where what their places saved a cycle, less :data:`MIN_T`
-        standard errors, is still ``min_gain`` of their waited periods. Returns the decision on the averages but the
-        global ones (None where the first look lets the trial go on); :attr:`global_fragments` is 0 where the
-        global ones go back to the route.
+        0.2-0.36 s against savings of 0.25-0.6 s a global average). The saving of each averaging period is the
+        waited period's seconds less the overlapped one's at the same place in the schedule's cycle, averaged
+        over the ranks (what the ranks' noise shares, as where they wait for each other, stays in it; what is
+        their own averages out). Its noise is read from the periods of the same place (a rack's average against
+        a rack's, a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more
+        than a rack's average), which is no noise. The others are kept where what their places saved a cycle,
+        less :data:`MIN_T` standard errors, is still ``min_gain`` of their waited periods. Returns the decision
+        on the averages but the global ones (None where the first look lets the trial go on);
+        :attr:`global_fragments` is 0 where the global ones go back to the route.
 
         ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where no kind's places
         saved their share of their waited periods in that cycle (the final rule could then keep overlap only where
@@ -452,7 +453,8 @@ class OverlapTrial:
         variance = ((saved - saved.mean(axis=0)) ** 2).sum() / freedom if freedom > 0 else math.inf
 
         def saves(places, gain, errors):
-            # A gain of ``gain`` of the places' waited periods: what they saved a cycle, less ``errors`` standard errors.
+            # A gain of ``gain`` of the places' waited periods: what they saved a cycle, less ``errors`` standard
+            # errors.
             if not places or not math.isfinite(self.gain):
                 return False
             places = list(places)

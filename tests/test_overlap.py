@@ -208,15 +208,29 @@ def test_the_first_look_ends_a_trial_where_nothing_is_hidden(hidden, noise):
     assert early >= 90, early
 
 
+def decide_where_due(trials, step):
+    """Where the ranks' ``trials`` are due after ``step``, each decides from every rank's figures, as the adapters
+    do: the global averages' way at the waited half's last step, overlap at the first look and the last step."""
+    first = trials[0]
+    if first.due(step):
+        gathered = np.concatenate([t.figures() for t in trials])
+        for trial in trials:
+            if step == first.first + first.length - 1:
+                trial.decide_globals(gathered)
+            else:
+                trial.decide(gathered, early=step < trial.last)
+
+
 def trial_choosing_globals(rng, ranks, compute, rack, route, noise, ring=1.3, hides=True):
     """A trial on ``ranks`` ranks of the accelerator's schedule (an average every 8 steps, a cycle of 4: three
     racks' averages, then a global one) that chooses the global averages' way: a step computes ``compute``
     seconds, a rack's average costs ``rack`` (nothing hidden overlapped: what the racks showed on the emulated
     cluster), a global one ``route`` through the racks, waited for, or in flight a ring of ``ring`` times that
     in the fragments the trial chose, each exposed past the local step before its fold (GLOBAL_FOLD_STEPS; all
-    of it where the ring does not ``hides``: it competes with the compute); each time noisy by a log-normal factor of sigma ``noise``. Every rank's choice of the globals' way (taken at
-    the waited half's last step, alike: its fragments), the fragments kept once the trial decided (0: the
-    route), and its decision on the other averages."""
+    of it where the ring does not hide, ``hides`` False: it competes with the compute); each time noisy by a log-normal
+    factor of sigma ``noise``. Every rank's choice of the globals' way (taken at the waited half's last step,
+    alike: its fragments), the fragments kept once the trial decided (0: the route), and its decision on the
+    other averages."""
     trials = [OverlapTrial(0, 8, cycle=4, globals_at=(2, 6), world_size=ranks) for _ in range(ranks)]
     first = trials[0]
     chose = first.first + first.length - 1  # the waited half's last step
@@ -307,13 +321,7 @@ def test_each_kind_of_average_is_kept_in_flight_on_its_own(racks_hide):
                     rack = (0.15 - racks_hide) if flying else 0.15
                     seconds += (rack + (0.08 if flying and not racks_hide else 0.0)) * rng.lognormal(0.0, 0.1)
                 trial.note(step, seconds, local=not averaging)
-            if first.due(step):
-                gathered = np.concatenate([t.figures() for t in trials])
-                for t in trials:
-                    if step == first.first + first.length - 1:
-                        t.decide_globals(gathered)
-                    else:
-                        t.decide(gathered, early=step < t.last)
+            decide_where_due(trials, step)
         kept += first.global_fragments > 0
         decided += first.decided
         assert first.overlapping is (first.decided or first.global_fragments > 0)
@@ -510,13 +518,7 @@ def test_the_fragments_are_chosen_by_their_mean_saving_under_the_routes_spread(f
                 seconds += 0.12 * rng.lognormal(0.0, 0.2) if averaging and place != 2 else 0.0
                 seconds += fold * rng.lognormal(0.0, 0.3) if in_flight else 0.0
                 trial.note(step, seconds, local=not averaging)
-            if first.due(step):
-                gathered = np.concatenate([t.figures() for t in trials])
-                for trial in trials:
-                    if step == first.first + first.length - 1:
-                        trial.decide_globals(gathered)
-                    else:
-                        trial.decide(gathered, early=step < trial.last)
+            decide_where_due(trials, step)
         assert len({t.global_fragments for t in trials}) == 1
         chosen += first.global_fragments > 0
     assert chosen >= 95 if kept else chosen <= 10, chosen
