@@ -436,8 +436,9 @@ class OverlapTrial:
         global_places, others = self._kinds()
         # The share of their waited periods each kind must save: a global average's fragments are folded in a step
         # after they start, not a period: so much less staleness to pay for.
-        kinds = [(list(places), gain) for places, gain in
-                 ((global_places, self.min_gain * GLOBAL_FOLD_STEPS / self.period), (others, self.min_gain)) if places]
+        fragments_gain = self.min_gain * GLOBAL_FOLD_STEPS / self.period
+        kinds = [(list(places), gain) for places, gain in ((global_places, fragments_gain), (others, self.min_gain))
+                 if places]
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
             # The first overlapped cycle holds each place once, set against the waited periods of the same place.
@@ -461,7 +462,7 @@ class OverlapTrial:
             error = math.sqrt(len(places) * variance / saved.shape[0])
             return saved[:, places].sum(axis=1).mean() - errors * error >= gain * by_place[places].sum()
 
-        if global_places and not saves(global_places, self.min_gain * GLOBAL_FOLD_STEPS / self.period, 0.0):
+        if global_places and not saves(global_places, fragments_gain, 0.0):
             self.global_fragments = 0
         self.decided = bool(saves(others, self.min_gain, MIN_T))
         return self.decided

@@ -5,7 +5,7 @@ import logging
 import horovod.torch as hvd
 import torch
 
-from ..overlap import OverlapTrial
+from ..overlap import OverlapTrial, fragment_ranges
 from . import collectives
 
 __all__ = ["OverlapChoice", "warm_way"]
@@ -74,17 +74,18 @@ def warm_way(world, name, step, tensors, registry, fragments):
     the route's op across the racks after ``step`` (a speaker's of the model's size of ``tensors``, every other
     rank's a tiny one in its group of the bridge step, as the route's: every rank issues as many ops), then a tiny
     one over the optimizer's ranks; else one fragment of a global average in that many, over them."""
-    elements, dtype = sum(t.numel() for t in tensors), tensors[0].dtype
+    sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
     if fragments:
-        collectives.allreduce_(torch.zeros(-(-elements // fragments), dtype=dtype), name=f"{name}.fragment",
-                               op=hvd.Sum, process_set=world.process_set)
+        first = sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0])  # what the first fragment sends
+        collectives.allreduce_(torch.zeros(first, dtype=dtype), name=f"{name}.fragment", op=hvd.Sum,
+                               process_set=world.process_set)
         return
     plan = world.plan
     route = next(filter(None, (plan.global_route(s) for s in range(step + 1, step + 1 + plan.policy.global_every))),
                  None)
     across = None if route is None else registry.get(world.scope.to_global(route.group))
     if across is not None:
-        collectives.allreduce_(torch.zeros(elements if route.speaks else 1, dtype=dtype),
+        collectives.allreduce_(torch.zeros(sum(sizes) if route.speaks else 1, dtype=dtype),
                                name=f"{name}.across.{across.process_set_id}", op=hvd.Sum, process_set=across)
         # Every rank leaves the warm together: the others would start the waited half a model's crossing ahead of
         # the speakers and wait for them in its first route, timed (1.5-2.0 s on the bench, 1.0-1.4 s unwarmed).
