@@ -20,7 +20,7 @@ Where the schedule's global averages may go either way (the topology-aware sched
 decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`). A global average
 in flight is folded in a step after it started (:func:`folds_now`: a later fold costs the ranks' models
 accuracy), and a ring over every rank crosses the slow link as the route does, with more bytes. So it goes in
-fragments (:func:`global_fragments`, :func:`fragment_ranges`): as many parts of the model, each sent at a step
+fragments (:mod:`hvd_dssync.fragments`): as many parts of the model, each sent at a step
 of its own and folded in at the next, as it takes for each ring to fit behind a local step, at most one a step
 until the next average; the route where what even those steps leave exposed would cost more than the route.
 Unsure (nothing timed) is the route. The overlapped half then decides each kind on its own
@@ -38,9 +38,10 @@ import time
 
 import numpy as np
 
+from .fragments import global_fragments
+
 __all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places",
-           "global_fragments", "fragment_ranges", "forced_fragments", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T",
-           "GLOBAL_FOLD_STEPS", "FRAGMENTS_ENV"]
+           "TRIAL_PERIODS", "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -49,14 +50,12 @@ MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
 MIN_T = 2.5
 # A global average in flight is folded in at most this many steps after it started, waited for there.
 GLOBAL_FOLD_STEPS = 1
-# overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
-FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
 
 
 def folds_now(kind, started, step, done):
     """Whether local step ``step`` folds in the average in flight of ``kind`` (its action's) that started at step
     ``started`` (``done``: a poll found it done): where it is done, and for a global average (or a fragment of
-    one: :func:`global_fragments`) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for
+    one: :mod:`hvd_dssync.fragments`) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for
     where it is not done. A rack's average in flight may run until the next average starts. A global average
     may not: the racks drifted apart since the last one (``global_every`` steps, not a period), and each step
     taken from those models before the fold keeps the ranks apart after it: folded a period late, the synthetic
@@ -72,82 +71,6 @@ def folds_now(kind, started, step, done):
     """
     from .policy import GLOBAL
     return bool(done) or (kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
-
-
-def global_fragments(route_cost, local_step, world_size, period):
-    """How many fragments a global average in flight is split into (0: none goes in flight; it takes the route
-    through the racks, waited for). Each fragment of the model is sent at a step of its own, one after the
-    other, and folded in at the next step (:func:`folds_now`): a ring over every rank of ``1/n`` of the model
-    hides behind one local step where one of the whole model would not.
-
-    A ring over ``w`` ranks sends ``2 (w - 1) / w`` bytes across a link for each byte the route's bridge sends:
-    the ring's time is taken as what the route cost (the seconds a waited global average added to its period)
-    times that. ``n`` is that time over the :data:`GLOBAL_FOLD_STEPS` local steps (``local_step``) a fragment
-    may hide behind, at most ``period`` (the last fragment is folded in where the next average starts at the
-    latest); 1 where one ring hides. What ``period`` fragments leave exposed is waited for at their folds: in
-    flight only where that is less than the route's whole cost. Nothing timed (NaN): the route.
-
-    Example::
-
-        >>> global_fragments(0.05, 0.13, 4, 8), global_fragments(0.09, 0.13, 4, 8), global_fragments(0.67, 0.14, 4, 8)
-        (1, 2, 8)
-        >>> global_fragments(0.38, 0.012, 8, 8), global_fragments(float("nan"), 0.14, 4, 8)   # the static cluster
-        (0, 0)
-    """
-    share = 2.0 * (world_size - 1) / world_size if world_size > 1 else 1.0
-    hiding = GLOBAL_FOLD_STEPS * local_step
-    need = share * route_cost / hiding if hiding > 0 else math.nan
-    if not math.isfinite(need):
-        return 0
-    count = min(max(1, math.ceil(need - 1e-9)), max(1, int(period)))
-    exposed = share * route_cost - count * hiding
-    return count if exposed < route_cost else 0
-
-
-def fragment_ranges(sizes, count):
-    """The parts of a model that each of ``count`` fragments of a global average sends (:func:`global_fragments`),
-    in order: for each fragment, ``(tensor, start, stop)``, element ranges of the flattened tensors (``sizes``:
-    each tensor's elements), the fragments as nearly equal as the elements allow and never empty (at most one
-    fragment an element).
-
-    Example::
-
-        >>> fragment_ranges([10, 2], 3)
-        [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 10), (1, 0, 2)]]
-        >>> fragment_ranges([1, 1], 4)
-        [[(0, 0, 1)], [(1, 0, 1)]]
-    """
-    sizes = [int(n) for n in sizes]
-    total = sum(sizes)
-    count = max(1, min(int(count), total))
-    bounds = [k * total // count for k in range(count + 1)]
-    offsets = np.cumsum([0] + sizes)
-    fragments = []
-    for low, high in zip(bounds, bounds[1:]):
-        spans = [(i, max(low, int(offsets[i])), min(high, int(offsets[i + 1]))) for i in range(len(sizes))]
-        fragments.append([(i, a - int(offsets[i]), b - int(offsets[i])) for i, a, b in spans if a < b])
-    return fragments
-
-
-def forced_fragments(environ):
-    """How many fragments ``overlap=True`` splits a global average in flight into: :data:`FRAGMENTS_ENV`, a
-    whole number of 1 or more (set alike on every rank), else 1. A clear error names a bad value.
-
-    Example::
-
-        >>> forced_fragments({}), forced_fragments({"HVD_DSSYNC_GLOBAL_FRAGMENTS": "8"})
-        (1, 8)
-    """
-    value = environ.get(FRAGMENTS_ENV, "").strip()
-    if not value:
-        return 1
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"hvd_dssync: {FRAGMENTS_ENV}={value!r}: expected a whole number of fragments, 1 or more")
-    return count
 
 
 def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
@@ -228,7 +151,8 @@ class OverlapTrial:
     cycle: :meth:`decide` with ``early=True`` ends the trial where it saved too little) and at :attr:`last`.
     ``globals_at``: the averaging periods of each half that hold a global average whose way the trial chooses
     (:func:`global_places`; none: no choice, :attr:`global_fragments` stays 0); then the ranks gather at
-    the waited half's last step too (:meth:`decide_globals`).
+    the waited half's last step too (:meth:`decide_globals`). ``through_racks``: a waited global average takes
+    the route through the racks (the PyTorch adapter's), else it is the ring over every rank (the Keras adapter's).
 
     Example::
 
@@ -247,7 +171,8 @@ class OverlapTrial:
         True
     """
 
-    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=(), world_size=2):
+    def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=(), world_size=2,
+                 through_racks=True):
         self.period = max(1, int(period))
         self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
         self.cycle = max(1, int(cycle))
@@ -261,21 +186,22 @@ class OverlapTrial:
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
         self.globals_at = tuple(int(k) for k in globals_at)
         self.world_size = int(world_size)  # the ranks a global average's ring runs over
+        self.through_racks = bool(through_racks)
         self.global_fragments = 0  # the global averages in flight, in this many fragments (0: the route)
         self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
         self.route_cost = self.local_step = math.nan  # what decide_globals weighed
         self._last_end = None  # when the step before ended (step_ended)
 
     @classmethod
-    def of(cls, plan, choose_globals=False):
+    def of(cls, plan, choose_globals=False, through_racks=True):
         """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan` (or of anything with its ``policy``,
         ``schedule`` and ``action``, as both adapters' optimizers have): after its warm-up, one period per
         average, whole cycles of its averages' kinds (:func:`averages_cycle`). ``choose_globals``: the global
-        averages may go either way (:meth:`decide_globals`)."""
+        averages may go either way (:meth:`decide_globals`), waited (``through_racks`` or not) or in flight."""
         policy = plan.policy
         trial = cls(policy.warmup_steps, policy.average_every,
                     averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every),
-                    world_size=plan.schedule.world_size)
+                    world_size=plan.schedule.world_size, through_racks=through_racks)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
         return trial
@@ -366,11 +292,11 @@ class OverlapTrial:
     def decide_globals(self, gathered):
         """From every rank's :meth:`figures` at the end of the waited half: how many fragments the global averages
         go in, over every rank at once, behind the steps, in the overlapped half and after it where overlap stays
-        (:func:`global_fragments`), or 0: through the racks, waited for. What a global average cost is its
-        waited period's seconds less the mean of the other periods (the racks' averages), over the ranks and the
-        periods that hold one; what could hide each fragment, the :data:`GLOBAL_FOLD_STEPS` local steps before
-        its fold (:func:`folds_now`), the mean local step over the ranks and the periods without one. NaN
-        (nothing timed) keeps the route.
+        (:func:`~hvd_dssync.fragments.global_fragments`), or 0: waited for (through the racks, or where the adapter
+        has no route, over every rank). What a global average cost is its waited period's seconds less the mean
+        of the other periods (the racks' averages), over the ranks and the periods that hold one; what could hide
+        each fragment, the :data:`GLOBAL_FOLD_STEPS` local steps before its fold (:func:`folds_now`), the mean
+        local step over the ranks and the periods without one. NaN (nothing timed) keeps them waited.
 
         Example::
 
@@ -389,7 +315,8 @@ class OverlapTrial:
         self.route_cost = waited[at].mean() - waited[~at].mean() if (~at).any() else math.nan
         local_steps = self.period - 1  # a period's steps less its averaging step
         self.local_step = local[~at].mean() / local_steps if (~at).any() and local_steps else math.nan
-        self.global_fragments = global_fragments(self.route_cost, self.local_step, self.world_size, self.period)
+        self.global_fragments = global_fragments(self.route_cost, self.local_step, self.world_size, self.period,
+                                                 self.through_racks)
         return self.global_fragments
 
     @property
@@ -492,8 +419,9 @@ class OverlapTrial:
         if math.isfinite(self.route_cost):
             flight = "over every rank, in flight" + (f", in {self.global_fragments} fragments"
                                                      if self.global_fragments > 1 else "")
-            way = (f"; global averages {flight if self.globals_in_flight else 'through the racks'}"
-                   f": the route cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
+            waited, cost = ("through the racks", "the route") if self.through_racks else ("waited", "one waited")
+            way = (f"; global averages {flight if self.globals_in_flight else waited}"
+                   f": {cost} cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
         kinds = ""
         if self.decided != self.overlapping:
             kinds = ", the global averages' fragments only"

@@ -209,7 +209,7 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     default on racks in the PyTorch adapter) averages over every rank at once. With ``overlap=True``
     (``overlapped``) the route's three averages would each wait for the one before: ``"auto"`` averages over
     every rank at once, behind the next steps (:func:`hvd_dssync.overlap.folds_now`, in fragments where the
-    optimizer says: :func:`hvd_dssync.overlap.global_fragments`); ``True`` keeps the
+    optimizer says: :func:`hvd_dssync.fragments.global_fragments`); ``True`` keeps the
     route, waited for, while the group averages run behind the steps (the default's trial of overlap chooses
     between the two where it is "auto"). A pure function of its arguments: every rank decides or raises alike.
     No communication.

@@ -93,7 +93,7 @@ DEFAULT = "dssync-default"
 # (HVD_DSSYNC_ORDERED_SETS=0: the groups' sets are not marked ordered); "-resense": the racks are sensed again
 # when the averages across the network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense); "-overlap-f8"
 # (with ``overlap=True`` below): each global average in flight in 8 fragments, one a step through the period
-# (HVD_DSSYNC_GLOBAL_FRAGMENTS=8: hvd_dssync.overlap.global_fragments).
+# (HVD_DSSYNC_GLOBAL_FRAGMENTS=8: hvd_dssync.fragments.global_fragments).
 DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
                     "dssync-default-negotiated": {"HVD_DSSYNC_ORDERED_SETS": "0"},
                     "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"},

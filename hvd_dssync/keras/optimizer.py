@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from .. import build
 from ..config import config_of, warn_num_groups
-from ..overlap import FRAGMENTS_ENV, forced_fragments
+from ..fragments import FRAGMENTS_ENV, forced_fragments
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered

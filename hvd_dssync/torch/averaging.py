@@ -13,7 +13,8 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..overlap import folds_now, fragment_ranges
+from ..fragments import fragment_ranges
+from ..overlap import folds_now
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
@@ -44,7 +45,7 @@ class Averaging:
             in once done, at the latest where the next average starts (a global one a step after it started:
             :func:`hvd_dssync.overlap.folds_now`). Given True, a global average on racks goes over every rank
             at once, behind the steps, where the route is "auto" (asked for, the route is kept, waited for), in
-            ``global_fragments`` fragments (1 unless :data:`hvd_dssync.overlap.FRAGMENTS_ENV` says more). The
+            ``global_fragments`` fragments (1 unless :data:`hvd_dssync.fragments.FRAGMENTS_ENV` says more). The
             default's trial sets ``overlap`` and ``global_fragments`` per step
             (:class:`.overlap_choice.OverlapChoice`: 0, the route, unless it chose the global averages in
             flight).

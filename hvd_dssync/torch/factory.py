@@ -97,7 +97,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
             host, with a lossy compression, sparse averaging or the adaptive policy); its waited half also
             decides whether the global averages go through the racks, waited for, or over every rank, in
-            flight, in as many fragments as hide behind a step each (``hvd_dssync.overlap.global_fragments``).
+            flight, in as many fragments as hide behind a step each (``hvd_dssync.fragments.global_fragments``).
             False: every average is waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning

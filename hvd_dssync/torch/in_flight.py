@@ -1,5 +1,5 @@
 """What an average in flight holds (``overlap``: :mod:`.averaging`), the fragments of a global average sent one a
-step (:func:`hvd_dssync.overlap.fragment_ranges`), and the buffers they use."""
+step (:func:`hvd_dssync.fragments.fragment_ranges`), and the buffers they use."""
 import time
 from typing import NamedTuple
 
@@ -35,7 +35,7 @@ class Fragments(NamedTuple):
     step: int
     process_set: object
     name: str
-    ranges: list  # hvd_dssync.overlap.fragment_ranges of the tensors' elements
+    ranges: list  # hvd_dssync.fragments.fragment_ranges of the tensors' elements
     sizes: list  # the tensors' elements when the first fragment was sent
 
 

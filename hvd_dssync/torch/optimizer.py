@@ -28,7 +28,8 @@ import horovod.torch as hvd
 import torch
 
 from ..join import JoinState
-from ..overlap import forced_fragments, runs_trial
+from ..fragments import forced_fragments
+from ..overlap import runs_trial
 from ..plan import BSP, LOCAL, SyncPlan, check_horovod_arguments, check_ranks_agree, routes_global_averages
 from ..process_sets import elastic_job, registry_for
 from ..scope import acquire_registered, scope_of

@@ -5,7 +5,8 @@ import logging
 import horovod.torch as hvd
 import torch
 
-from ..overlap import OverlapTrial, fragment_ranges
+from ..fragments import fragment_ranges
+from ..overlap import OverlapTrial
 from . import collectives
 
 __all__ = ["OverlapChoice", "warm_way"]

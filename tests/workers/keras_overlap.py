@@ -17,7 +17,7 @@ import hvd_dssync.keras as dss
 import numpy as np
 import tensorflow as tf
 from common import behaviour, check, expect_error, overlapped_reference
-from hvd_dssync.overlap import FRAGMENTS_ENV
+from hvd_dssync.fragments import FRAGMENTS_ENV
 from hvd_dssync.plan import SyncPlan
 
 hvd.init()

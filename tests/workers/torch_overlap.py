@@ -16,7 +16,8 @@ import horovod.torch as hvd
 import hvd_dssync.torch as dss
 import torch
 from common import behaviour, check, overlapped_reference
-from hvd_dssync.overlap import FRAGMENTS_ENV, OverlapTrial
+from hvd_dssync.fragments import FRAGMENTS_ENV
+from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
 
 hvd.init()

@@ -40,7 +40,7 @@ from sklearn.preprocessing import StandardScaler
 from hvd_dssync.bench.report import bootstrap_interval
 from hvd_dssync.bench.catalog import AVERAGER_PERIODS
 from hvd_dssync.bench.worker import postlocal_optimizer
-from hvd_dssync.overlap import FRAGMENTS_ENV
+from hvd_dssync.fragments import FRAGMENTS_ENV
 
 RACKS = [[0, 1], [2, 3]]
 
