@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-__all__ = ["global_fragments", "fragment_ranges", "forced_fragments", "FRAGMENTS_ENV"]
+__all__ = ["global_fragments", "fragment_ranges", "row_fragments", "forced_fragments", "FRAGMENTS_ENV"]
 
 # overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
 FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
@@ -89,6 +89,19 @@ def fragment_ranges(sizes, count, rows=None):
         spans = [(i, max(low, int(offsets[i])), min(high, int(offsets[i + 1]))) for i in range(len(sizes))]
         fragments.append([(i, a - int(offsets[i]), b - int(offsets[i])) for i, a, b in spans if a < b])
     return [parts for parts in fragments if parts]
+
+
+def row_fragments(shapes, count):
+    """:func:`fragment_ranges` of tensors of ``shapes``, cut between the rows of their first axis (a scalar is one
+    row): each part is then a slice of rows, ``(tensor, start, stop)`` in elements.
+
+    Example::
+
+        >>> row_fragments([(4, 3), (3,)], 2)
+        [[(0, 0, 6)], [(0, 6, 12), (1, 0, 3)]]
+    """
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    return fragment_ranges(sizes, count, [int(np.prod(shape[1:])) for shape in shapes])
 
 
 def forced_fragments(environ):

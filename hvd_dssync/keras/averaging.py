@@ -49,7 +49,8 @@ class Averaging:
         averaging.average(switch, variables, step, branch, check)          # after it
     """
 
-    def __init__(self, settings, process_set, guard, sparse, average, flight=None, choice=None):
+    def __init__(self, settings, process_set, guard, sparse, average, flight=None, choice=None,
+                 fragments_at=lambda step: 1):
         # Horovod's arguments: op, compression, gradient_predivide_factor, sparse_as_dense, device_dense.
         self.op = settings["op"]
         self.compression = settings["compression"]
@@ -66,8 +67,10 @@ class Averaging:
         # Per variable, for exact bridges: what one left to add to the next group average, and the model the
         # last average left (what a bridge sends).
         self._carries, self._agreed = {}, {}
-        # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in late.
-        self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge)
+        # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in late; a global one in
+        # fragments_at(step) fragments.
+        self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge,
+                                                                          fragments_at)
         # The default's trial (an .overlap_choice.OverlapChoice): each step's way read from its variable.
         self.choice = choice
 
@@ -154,10 +157,14 @@ class Averaging:
             self.choice.rule_out()  # tables averaged by their rows are waited for
         elif self.choice is not None:
             # The trial: each step's way read from its variable. A waited average folds in first what an
-            # overlapped one left in flight (where the trial turned overlap off).
+            # overlapped one left in flight (where the trial turned overlap off); a global average's fragments go
+            # on where only they are in flight.
             def waited():
                 folded = self.overlapped.fold_in_flight(switch, variables, check)
-                return tf.group(self._waited(switch, variables, step, branch, [folded], by_rows))
+                with tf.control_dependencies([folded]):
+                    fragment = self.overlapped.send_next_fragment(switch, variables, step,
+                                                                  tf.not_equal(branch, KEEP_BRANCH))
+                return tf.group(self._waited(switch, variables, step, branch, [fragment], by_rows))
 
             return tf.cond(self.choice.overlapped,
                            lambda: tf.group(self.overlapped.average(switch, variables, step, branch, check)), waited)

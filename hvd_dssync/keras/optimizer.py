@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from .. import build
 from ..config import config_of, warn_num_groups
-from ..fragments import FRAGMENTS_ENV, forced_fragments
+from ..fragments import forced_fragments
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
 from ..scope import acquire_registered
@@ -323,12 +323,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
             and is folded in at the first step that finds it done, at the latest where the next average starts
             (a global average, the step after it started: :func:`hvd_dssync.overlap.folds_now`;
-            ``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`);
-            ``synchronize_models``, the exit and ``SynchronizeModelsCallback`` before an evaluation fold it in
+            ``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`).
+            A global average goes whole, or in ``HVD_DSSYNC_GLOBAL_FRAGMENTS`` fragments, each sent at a step of
+            its own and folded in at the next (:mod:`hvd_dssync.fragments`). ``synchronize_models``, the exit and ``SynchronizeModelsCallback`` before an evaluation fold it in
             first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
             Horovod; embedding tables are then averaged densely. None (the default): where the averages cross
             hosts, a trial of both ways after the warm-up decides, alike on every rank (:mod:`hvd_dssync.overlap`;
-            :attr:`overlap` is None until then), as in the PyTorch adapter; off on one host, under elastic
+            :attr:`overlap` is None until then), as in the PyTorch adapter, the global averages' fragments on their
+            own; off on one host, under elastic
             Horovod, with a lossy ``compression``, the adaptive policy or a table averaged by its rows. False:
             every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
@@ -370,9 +372,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         if elastic_job():
             raise ValueError("Arg ``overlap``: overlap=True is not supported under elastic Horovod in the Keras "
                              "adapter (an average in flight would cross a reset).")
-        if forced_fragments(os.environ) > 1:
-            raise ValueError(f"{FRAGMENTS_ENV}={os.environ[FRAGMENTS_ENV]}: a global average in fragments is the "
-                             "PyTorch adapter's only; the Keras adapter sends it whole (unset the variable).")
+        forced_fragments(os.environ)  # a bad count of a global average's fragments, named on every rank
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.

@@ -11,16 +11,34 @@ folds it in, the exact bridges' move and carry included (:mod:`.averaging` gives
 Every member issues the same averages in the same order, each from one thread, so Horovod sees the same op
 sequence on every rank. :meth:`OverlappedAveraging.drain` folds in what is in flight eagerly: before
 ``synchronize_models`` and at exit.
+
+A global average may go in fragments (:mod:`hvd_dssync.fragments`: ``fragments_at(step)`` says how many): the
+model's variables cut between their rows, fragment ``k`` sent at the ``k``-th step after the global average's
+and folded in at the next, eagerly inside the step's ``tf.py_function`` (a slice of rows of each variable it
+touches; a traced slice would need every count's shapes at trace time, and the trial picks the count later).
 """
 import threading
+from typing import NamedTuple
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
+from ..fragments import row_fragments
+from ..guards import step_signature
 from ..overlap import folds_now
+from ..plan import GLOBAL
 from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
-__all__ = ["InFlight", "OverlappedAveraging"]
+__all__ = ["InFlight", "OverlappedAveraging", "Fragments"]
+
+
+class Fragments(NamedTuple):
+    """A global average going in fragments: fragment ``k`` of ``ranges`` (:func:`hvd_dssync.fragments.row_fragments`
+    of the variables) is sent at step ``step + k``, over ``process_set``."""
+    step: int
+    ranges: list
+    process_set: object
 
 
 class InFlight:
@@ -38,6 +56,7 @@ class InFlight:
     def __init__(self, name):
         self.name = name
         self._thread, self._box, self.at = None, None, None
+        self.part = None  # a fragment of a global average: its parts and what this rank sent of each
 
     @property
     def pending(self):
@@ -47,7 +66,7 @@ class InFlight:
         """Whether the average in flight is done (a poll: it never waits)."""
         return self._thread is not None and not self._thread.is_alive()
 
-    def start(self, values, process_set, kind, at):
+    def start(self, values, process_set, kind, at, part=None):
         if self._thread is not None:
             raise RuntimeError("hvd_dssync: an overlapped average started while another was in flight")
         box = {}
@@ -61,12 +80,13 @@ class InFlight:
                 box["error"] = e
 
         self._thread, self._box, self.at = threading.Thread(target=run, name="hvd_dssync-overlap", daemon=True), box, at
+        self.part = part
         self._thread.start()
 
     def take(self):
         """The average in flight, waited for; what it raised is raised here."""
         thread, box = self._thread, self._box
-        self._thread, self._box, self.at = None, None, None
+        self._thread, self._box, self.at, self.part = None, None, None, None
         thread.join()
         if "error" in box:
             raise box["error"]
@@ -78,34 +98,37 @@ class OverlappedAveraging:
 
     It is given the step guard, the in-flight average, ``kept(store, variable, name)`` (a variable per model
     variable: :meth:`.averaging.Averaging.kept`) and ``bridge(switch, variables, branch)``, the exact bridges'
-    tables and state, shared with waited averages (:meth:`.averaging.Averaging.bridge`). Whether an average is
-    in flight, and of which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each call
-    gets the step's switch.
+    tables and state, shared with waited averages (:meth:`.averaging.Averaging.bridge`), and ``fragments_at(step)``:
+    in how many fragments ``step``'s global average goes (1: whole). Whether an average is in flight, and of
+    which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each call gets the step's switch.
 
     Example::
 
-        overlapped = OverlappedAveraging(guard, InFlight(name), averaging.kept, averaging.bridge)
+        overlapped = OverlappedAveraging(guard, InFlight(name), averaging.kept, averaging.bridge, lambda step: 4)
         overlapped.average(switch, variables, step, branch, check)      # inside the traced step
         overlapped.drain()                                              # eagerly, where models must agree
     """
 
-    def __init__(self, guard, flight, kept, bridge):
+    def __init__(self, guard, flight, kept, bridge, fragments_at=lambda step: 1):
         self.guard, self.flight, self.kept, self.bridge = guard, flight, kept, bridge
+        self.fragments_at = fragments_at
         self._sent = {}  # per variable: what this rank sent (what its average's move is measured from)
         self._last = None  # (switch, variables) of the last traced step, for drain()
+        self._fragments = None  # a global average going in fragments (Fragments) with some still to send
 
     def average(self, switch, variables, step, branch, check):
         """An op: fold in the average in flight where it is done (a poll) or, waiting for it, where this step
-        averages (``branch``) or a global one is due (:func:`hvd_dssync.overlap.folds_now`); then start this
-        step's."""
+        averages (``branch``) or a global one (or a fragment of one) is due (:func:`hvd_dssync.overlap.folds_now`);
+        send the next fragment of a global average going in fragments; then start this step's."""
         self._last = (switch, list(variables))
         averaging = tf.not_equal(branch, KEEP_BRANCH)
 
         def due(averaging, step):
             flight = self.flight
-            return flight.pending and (bool(averaging) or
-                                       folds_now(switch.plan.action(flight.at[0]).kind, flight.at[0], int(step),
-                                                 flight.done()))
+            if not flight.pending:
+                return False
+            kind = GLOBAL if flight.part is not None else switch.plan.action(flight.at[0]).kind
+            return bool(averaging) or folds_now(kind, flight.at[0], int(step), flight.done())
 
         with tf.control_dependencies(check):
             fold_now = tf.py_function(due, [averaging, tf.cast(step, tf.int64)], tf.bool,
@@ -113,6 +136,8 @@ class OverlappedAveraging:
         fold_now.set_shape([])
         folded = tf.cond(fold_now, lambda: self._fold(switch, variables), lambda: tf.constant(False))
         with tf.control_dependencies([folded]):
+            sent = self.send_next_fragment(switch, variables, step, averaging)
+        with tf.control_dependencies([sent]):
             return tf.cond(averaging, lambda: self._send(switch, variables, step, branch), lambda: tf.constant(False))
 
     def fold_in_flight(self, switch, variables, check):
@@ -121,6 +146,27 @@ class OverlappedAveraging:
             pending = tf.py_function(lambda: self.flight.pending, [], tf.bool, name=f"{self.flight.name}_overlap_pending")
         pending.set_shape([])
         return tf.cond(pending, lambda: self._fold(switch, variables), lambda: tf.constant(False))
+
+    def send_next_fragment(self, switch, variables, step, averaging):
+        """An op: where a global average goes in fragments and this step (a local one: ``averaging`` false) is
+        the next one's, send it (the average before it folded in first); an averaging step drops what is left
+        (never, where the fragments are at most the steps between two averages)."""
+        def more(averaging):
+            if averaging:
+                self._fragments = None
+            return self._fragments is not None
+
+        going = tf.py_function(more, [averaging], tf.bool, name=f"{self.flight.name}_overlap_fragments")
+        going.set_shape([])
+
+        def send():
+            values = [v.read_value() for v in variables]
+            sent = tf.py_function(lambda step, *values: self._send_fragment(switch, int(step), values),
+                                  [tf.cast(step, tf.int64)] + values, tf.bool, name=f"{self.flight.name}_overlap_next")
+            sent.set_shape([])
+            return sent
+
+        return tf.cond(going, send, lambda: tf.constant(False))
 
     def drain(self):
         """Fold in the average in flight now (eagerly), if any: before anything that needs the ranks' models
@@ -131,7 +177,21 @@ class OverlappedAveraging:
         self._fold(switch, variables)
 
     def _fold(self, switch, variables):
-        """``model += average - sent`` for the average in flight; at an exact bridge, its carry and the
+        """``model += average - sent`` for the average in flight (:meth:`_fold_whole`, or a fragment's
+        :meth:`_fold_fragment`). Returns a boolean tensor."""
+        fragment = tf.py_function(lambda: self.flight.part is not None, [], tf.bool,
+                                  name=f"{self.flight.name}_overlap_fragment")
+        fragment.set_shape([])
+        def fold_fragment():
+            folded = tf.py_function(lambda: self._fold_fragment(switch, variables), [], tf.bool,
+                                    name=f"{self.flight.name}_overlap_fold_fragment")
+            folded.set_shape([])
+            return folded
+
+        return tf.cond(fragment, fold_fragment, lambda: self._fold_whole(switch, variables))
+
+    def _fold_whole(self, switch, variables):
+        """``model += average - sent`` for a whole average in flight; at an exact bridge, its carry and the
         model the next bridge sends are set as a waited average sets them. Returns a boolean tensor."""
         step, branch = tf.py_function(lambda: self.flight.at, [], [tf.int64, tf.int32],
                                       name=f"{self.flight.name}_overlap_at")
@@ -179,7 +239,15 @@ class OverlappedAveraging:
 
         def start(step, branch, *values):
             process_set, kind, _, _ = sets[int(branch) - GLOBAL_BRANCH]  # branch_sets() starts there
-            self.flight.start(list(values), process_set, kind, (int(step), int(branch)))
+            step, branch = int(step), int(branch)
+            count = 1
+            if branch == GLOBAL_BRANCH and switch.plan.action(step).kind == GLOBAL:
+                count = min(int(self.fragments_at(step)), switch.plan.policy.average_every)
+            if count > 1:
+                self._fragments = Fragments(step, row_fragments([tuple(v.shape) for v in variables], count),
+                                            process_set)
+                return self._send_fragment(switch, step, values[:-1])
+            self.flight.start(list(values), process_set, kind, (step, branch))
             return True
 
         with tf.control_dependencies(kept):
@@ -187,3 +255,62 @@ class OverlappedAveraging:
                                      tf.bool, name=f"{self.flight.name}_overlap_start")
         started.set_shape([])
         return started
+
+    def _send_fragment(self, switch, step, values):
+        """Send the fragment of the global average going in fragments that is due at ``step`` (``values``: the
+        variables' values now); after the last, none is left. Eager, inside the step's ``tf.py_function``."""
+        fragments = self._fragments
+        k = step - fragments.step
+        if not 0 <= k < len(fragments.ranges):
+            self._fragments = None
+            return False
+        if k == len(fragments.ranges) - 1:
+            self._fragments = None
+        parts = fragments.ranges[k]
+        sent = [np.array(values[i].numpy().reshape(-1)[a:b]) for i, a, b in parts]  # copies: kept for the fold
+        flat = np.concatenate(sent)
+        bits = step_signature(step).astype(flat.dtype)
+        self.flight.start([tf.constant(flat), tf.constant(bits)], fragments.process_set, f"fragment_{k}",
+                          (step, GLOBAL_BRANCH), part=(parts, sent))
+        return True
+
+    def _fold_fragment(self, switch, variables):
+        """``model += average - sent`` for a fragment in flight, on the slices of rows it sent; at an exact bridge
+        the model the next bridge sends takes the fragment's average there and the carry is dropped there, as a
+        waited global average does. Eager, inside the step's ``tf.py_function``; returns True."""
+        step, branch = self.flight.at
+        parts, sent = self.flight.part
+        guard = self.guard
+        begun = guard.begin(switch, tf.constant(branch, tf.int32), tf.constant(step, tf.int64), "group")
+        averaged, means = self.flight.take()
+        guard.end(begun)
+        guard.check(switch, means, tf.constant(step, tf.int64), switch.plan.world_size)
+        averaged = averaged.numpy()
+        kept = None if switch.bridges is None else self.bridge(switch, variables, branch)[4:]  # carries, agreed
+        offset = 0
+        for (i, a, b), before in zip(parts, sent):
+            average = averaged[offset:offset + b - a].astype(before.dtype)
+            offset += b - a
+            variable = variables[i]
+            row = max(1, int(np.prod(variable.shape[1:])))
+            rows = slice(a // row, b // row)
+            shape = (rows.stop - rows.start,) + tuple(variable.shape[1:]) if variable.shape.rank else ()
+            _assign_rows(variable, rows, _rows_of(variable, rows) + (average - before).reshape(shape))
+            if kept is not None:
+                carry, agreed = kept[0][i], kept[1][i]
+                _assign_rows(carry, rows, np.zeros(shape, before.dtype))
+                _assign_rows(agreed, rows, average.reshape(shape))
+        return True
+
+
+def _rows_of(variable, rows):
+    """``variable``'s rows ``rows`` (a slice of its first axis; a scalar whole), eagerly."""
+    return variable[rows] if variable.shape.rank else variable.read_value()
+
+
+def _assign_rows(variable, rows, value):
+    """``variable[rows] = value`` (a scalar whole), eagerly."""
+    if variable.shape.rank:
+        variable[rows].assign(value)
+    else:
+        variable.assign(value)

@@ -3,14 +3,19 @@ timed on this rank's steps, its figures gathered once over the optimizer's ranks
 
 The traced step reads the way of each average from :attr:`OverlapChoice.overlapped` (a variable), so one
 traced ``train_function`` serves the trial's waited steps, its overlapped ones and the decision; the step's
-end (``tf.py_function``) times the step and sets the variable for the next one.
+end (``tf.py_function``) times the step and sets the variable for the next one. The global averages have no
+route through the racks here: waited, each is the ring over every rank; the waited half chooses in how many
+fragments they go in flight (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`), and the overlapped half
+keeps them in flight or not on their own, as in the PyTorch adapter.
 """
 import logging
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..fragments import row_fragments
 from ..overlap import OverlapTrial
+from ..plan import GLOBAL, LOCAL
 
 __all__ = ["OverlapChoice"]
 
@@ -30,16 +35,18 @@ class OverlapChoice:
 
         choice = OverlapChoice("DSSyncSGD_0", plan, hvd.global_process_set)
         tf.cond(choice.overlapped, overlapped_average, waited_average)   # inside the traced step
-        choice.end_step(step)                                            # after it (a tensor; an op)
+        choice.fragments_at(step)                                        # a global average's fragments (Python)
+        choice.end_step(step, shapes, dtype)                             # after it (a tensor; an op)
     """
 
     def __init__(self, name, plan, process_set):
         self.name = name
+        self.plan = plan
         self.process_set = process_set
-        self.trial = OverlapTrial.of(plan)
+        self.trial = OverlapTrial.of(plan, choose_globals=True, through_racks=False)
         # Created eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
-            self.overlapped = tf.Variable(self.trial.overlap_at(0), trainable=False, name="dssync_overlapped")
+            self.overlapped = tf.Variable(self.way_at(0), trainable=False, name="dssync_overlapped")
 
     def rule_out(self):
         """Overlap cannot run here (an embedding table averaged by its rows, found alike on every rank at
@@ -49,19 +56,39 @@ class OverlapChoice:
             with tf.init_scope():
                 self.overlapped.assign(False)
 
-    def end_step(self, step):
+    def way_at(self, step):
+        """Whether ``step``'s average goes in flight: a global one where the trial sends it in fragments (or
+        whole, where it chooses no way for them), any other where overlap is on."""
+        if self.trial.globals_at and self.plan.action(step).kind == GLOBAL:
+            return self.trial.fragments_at(step) > 0
+        return self.trial.overlap_at(step)
+
+    def fragments_at(self, step):
+        """In how many fragments ``step``'s global average goes in flight (1: whole)."""
+        return self.trial.fragments_at(step) if self.trial.globals_at else 1
+
+    def end_step(self, step, shapes, dtype):
         """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's first look and
         its last step, gather every rank's figures over the optimizer's process set and decide (a collective,
-        at the same step everywhere); set the way of the next step's average."""
-        return tf.py_function(self._end_step, [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
+        at the same step everywhere); before each half's first global average, warm its way (``shapes``: the
+        averaged variables', of ``dtype``); set the way of the next step's average."""
+        return tf.py_function(lambda step: self._end_step(int(step), shapes, dtype.as_numpy_dtype),
+                              [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
 
-    def _end_step(self, step):
+    def _end_step(self, step, shapes, dtype):
         def gather(figures):
             return hvd.allgather(tf.constant(figures), name=f"{self.name}_overlap_trial",
                                  process_set=self.process_set, ignore_name_scope=True).numpy()
 
-        step = int(step)
-        if self.trial.step_ended(step, gather) is not None and self.process_set.rank() == 0:
+        def warm(fragments):
+            # One op of zeros of what the way sends over every rank, untimed: the whole model waited, else the
+            # first fragment (on the bench a way's first global average cost more than the next).
+            elements = sum(b - a for _, a, b in row_fragments(shapes, max(1, fragments))[0])
+            hvd.allreduce(tf.zeros([elements], dtype), op=hvd.Sum, name=f"{self.name}_overlap_warm",
+                          process_set=self.process_set, ignore_name_scope=True)
+
+        local = self.plan.action(step).kind == LOCAL
+        if self.trial.step_ended(step, gather, local, warm) is not None and self.process_set.rank() == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
-        self.overlapped.assign(self.trial.overlap_at(step + 1))
+        self.overlapped.assign(self.way_at(step + 1))
         return True

@@ -22,11 +22,13 @@ world size (same arguments, same op names) and connects again; a graph traced fo
 with a clear error instead of using process sets that no longer exist.
 """
 import itertools
+import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from ..fragments import forced_fragments
 from ..overlap import runs_trial
 from ..plan import check_ranks_agree
 from ..process_sets import elastic_job, registry_for
@@ -108,8 +110,11 @@ class StepSync:
             hvd.size() > hvd.local_size())
         self.choice = OverlapChoice(self.name, plan, process_set) if trial else None
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
+        # A global average in flight goes in as many fragments as the trial chose, or HVD_DSSYNC_GLOBAL_FRAGMENTS.
+        count = forced_fragments(os.environ) if config is not None and config.overlap else 1
+        fragments_at = self.choice.fragments_at if trial else lambda step: count
         self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight,
-                                   self.choice)
+                                   self.choice, fragments_at)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
         # for the traced step to read; outside any Keras or tf.Module tracking, so never saved.
         # Created here, eagerly: a variable created while a tf.function is traced makes it trace again.
@@ -301,7 +306,7 @@ class StepSync:
         if self.choice is None:
             return averaged
         with tf.control_dependencies([averaged]):
-            return self.choice.end_step(step)
+            return self.choice.end_step(step, [tuple(v.shape) for v in variables], variables[0].dtype)
 
     @property
     def overlap(self):

@@ -6,7 +6,8 @@ moves every weight by ``-lr * (rank + 1)``. Every average, folded in a period la
 sent``, keeps the mean of the ranks' models; after ``synchronize_models`` every rank must hold the mean of what
 each rank computed. With an average at every step (racks, then an exact bridge) every rank's weights are also
 checked against the reference of overlapped averaging (``common.overlapped_reference``) once
-``synchronize()`` has folded in the last one. Usage: keras_overlap.py
+``synchronize()`` has folded in the last one. A global average in fragments is checked the same ways.
+Usage: keras_overlap.py
 """
 import os
 
@@ -86,15 +87,39 @@ def check_global_average_folded_at_the_next_step():
     dss.synchronize_models(model)
 
 
+def fragments_of(count, train_steps, **options):
+    """``train`` with a global average in flight in ``count`` fragments (HVD_DSSYNC_GLOBAL_FRAGMENTS)."""
+    os.environ[FRAGMENTS_ENV] = str(count)
+    try:
+        return train(train_steps, **options)
+    finally:
+        del os.environ[FRAGMENTS_ENV]
+
+
+def check_fragments_fold_a_step_after_each_was_sent():
+    """A global average in 3 fragments (racks every 4 steps, every rank every 8: the global average of step 7), the
+    kernel's 3 rows one a fragment: row k is sent at step 7 + k and folded in at the next; after step 10 every rank
+    holds in row k the global average of the models of step 7 + k plus its own local steps since."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=4, global_every=8,
+                   schedule_options={"intra_steps": None})
+    check(SyncPlan(rank=RANK, world_size=SIZE, **options).action(7).kind == "global", "no global average at step 7")
+    model, _, kernel = fragments_of(3, 11, **options)
+    got = kernel.numpy().reshape(-1) + LR * (RANK + 1) * np.array([3, 2, 1])
+    want = [computed_mean(8 + k) for k in range(3)]
+    check(np.allclose(got, want, atol=1e-5), f"after step 10 the rows less their local steps since their fragment "
+          f"was sent are {got.tolist()}, want the global averages of steps 7, 8 and 9 {want}")
+    dss.synchronize_models(model)
+
+
 def check_refusals():
     sgd = tf.keras.optimizers.SGD(0.1)
     expect_error(ValueError, ["compression", "overlap=True"], lambda: dss.DistributedOptimizer(
         sgd, overlap=True, compression=hvd.Compression.fp16, num_groups=1))
     expect_error(ValueError, ["adaptive policy", "overlap=True"], lambda: dss.DistributedOptimizer(
         sgd, overlap=True, policy="adaptive"))
-    os.environ[FRAGMENTS_ENV] = "4"  # fragments of a global average: the PyTorch adapter's only
+    os.environ[FRAGMENTS_ENV] = "two"  # a global average's fragments: a whole number
     try:
-        expect_error(ValueError, [f"{FRAGMENTS_ENV}=4", "PyTorch"], lambda: dss.DistributedOptimizer(
+        expect_error(ValueError, [f"{FRAGMENTS_ENV}='two'", "whole number"], lambda: dss.DistributedOptimizer(
             sgd, overlap=True, num_groups=1))
     finally:
         del os.environ[FRAGMENTS_ENV]
@@ -107,6 +132,15 @@ with behaviour("overlapped racks and bridges match the reference once drained"):
     check_against_the_reference(10)
 with behaviour("a global average in flight is folded in at the next step"):
     check_global_average_folded_at_the_next_step()
+with behaviour("a global average in fragments: each folded in a step after it was sent"):
+    check_fragments_fold_a_step_after_each_was_sent()
+for options in (dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=2, global_every=8),
+                dict(schedule="shuffle", num_groups=2, average_every=3, global_every=6)):
+    with behaviour(f"a global average in fragments is folded in exactly ({options['schedule']}, exact bridges too)"):
+        model, _, kernel = fragments_of(3, 29, **options)
+        dss.synchronize_models(model)
+        check(np.allclose(kernel.numpy(), computed_mean(29), atol=1e-5),
+              f"{options}: after synchronize_models {kernel.numpy().reshape(-1).tolist()}, want {computed_mean(29)}")
 with behaviour("what overlap cannot follow is refused"):
     check_refusals()
 with behaviour("SynchronizeModelsCallback folds in the average in flight before an evaluation, on that rank alone"):

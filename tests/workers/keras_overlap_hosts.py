@@ -3,9 +3,10 @@ after its first averaging period, decides alike on every rank (at its first look
 whichever way it decides, the averages keep the mean of the ranks' models exactly.
 
 Each rank's gradient is a constant of its own (``rank + 1``), so after ``synchronize_models`` every rank must
-hold the mean of what each rank computed, whatever the trial chose. The trial runs three times: its decision
-forced on, then off (the way a trial ends is timing's; both must fold in what is in flight exactly: off, the
-next waited average folds in the last overlapped one first), then as measured; every rank prints the last.
+hold the mean of what each rank computed, whatever the trial chose. The trial runs four times: its decision
+forced on, then off, then the racks' averages off and the global ones in fragments (the way a trial ends is
+timing's; each must fold in what is in flight exactly: off, the next waited average folds in the last overlapped
+one first), then as measured; every rank prints the last.
 """
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss
@@ -18,11 +19,13 @@ LR = 0.125  # a power of two: float32 sums stay exact
 decide = OverlapTrial.decide
 
 
-def train(forced):
+def train(forced, fragments=None):
     def decided(trial, gathered, early=False):
         decide(trial, gathered, early)
         if forced is not None:  # forced: no early end; the forced way at the last step
             trial.decided, trial.early = (None, False) if early else (forced, False)
+            if not early and fragments is not None:
+                trial.global_fragments = fragments
         return trial.decided
 
     OverlapTrial.decide = decided
@@ -43,7 +46,9 @@ def train(forced):
     for k in range(steps):
         assert opt.overlap is None or k > (trial.look if forced is None else last), (k, opt.overlap)
         step()
-    assert opt.overlap in (True, False) and (forced is None or opt.overlap is forced), (forced, opt.overlap)
+    assert opt.overlap in (True, False) and (forced is None or opt.overlap is (forced or bool(fragments))), \
+        (forced, opt.overlap)
+    assert not fragments or f"in flight, in {fragments} fragments" in opt.overlap_trial, opt.overlap_trial
     assert forced is not None or opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'} ("), \
         opt.overlap_trial
     dss.synchronize_models(model)
@@ -53,7 +58,7 @@ def train(forced):
     return opt.overlap, last, steps
 
 
-for forced in (True, False):
-    train(forced)
+for forced, fragments in ((True, None), (False, 0), (False, 3)):
+    train(forced, fragments)
 decided, last, steps = train(None)
 print(f"OVERLAP {decided} after {steps} steps, the trial's last {last}", flush=True)

@@ -3,9 +3,11 @@
 Each job runs ``--ranks`` ranks on this machine under mpirun, a Keras MLP of about ``--hidden``^2 parameters
 trained by ``model.fit``-style traced steps; every step first "computes" for ``--compute-ms`` (a sleep that
 leaves the CPU free, the bench's emulated accelerator) and then averages in groups of two every
-``--average-every`` steps. The two ways alternate, ``--runs`` jobs each; the figures are rank 0's mean and
-median step (the first 5 steps, traced, left out), and the mean step's ratio to that of steps that only
-compute (``--average-every 0``: never averaged). Run from the repository root::
+``--average-every`` steps, and over every rank every ``--global-every`` steps where given. The ways alternate,
+``--runs`` jobs each; with ``--fragments N`` a third way, ``overlap=True`` with each global average in ``N``
+fragments (``HVD_DSSYNC_GLOBAL_FRAGMENTS``). The figures are rank 0's mean and median step (the first 5 steps,
+traced, left out), and the mean step's ratio to that of steps that only compute (``--average-every 0``: never
+averaged). Run from the repository root::
 
     .venv/bin/python -m hvd_dssync.bench.experiments.keras_overlap --ranks 4 --runs 3
 
@@ -34,7 +36,7 @@ def rank_main(args):
     opt = tf.keras.optimizers.SGD(0.001)
     if args.average_every:
         opt = dss.DistributedOptimizer(opt, schedule="shuffle", group_size=2, average_every=args.average_every,
-                                       overlap=args.mode == "overlap", seed=0)
+                                       global_every=args.global_every or None, overlap=args.mode != "waited", seed=0)
     x = tf.constant(np.random.default_rng(hvd.rank()).normal(size=(32, args.hidden)).astype(np.float32))
     y = tf.reduce_sum(x, axis=1, keepdims=True)
 
@@ -64,9 +66,13 @@ def rank_main(args):
 def run_job(args, mode, average_every):
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_MCA_mpi_yield_when_idle="1", HOROVOD_CONTROLLER="mpi",
                HOROVOD_CPU_OPERATIONS="mpi", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("HVD_DSSYNC_GLOBAL_FRAGMENTS", None)
+    if mode == "fragments":
+        env["HVD_DSSYNC_GLOBAL_FRAGMENTS"] = str(args.fragments)
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks), sys.executable, "-m",
             "hvd_dssync.bench.experiments.keras_overlap", "--worker", "--mode", mode, "--hidden", str(args.hidden),
-            "--compute-ms", str(args.compute_ms), "--average-every", str(average_every), "--steps", str(args.steps)]
+            "--compute-ms", str(args.compute_ms), "--average-every", str(average_every), "--global-every",
+            str(args.global_every if average_every else 0), "--steps", str(args.steps)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -80,6 +86,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=1024, help="MLP width: about hidden^2 parameters")
     p.add_argument("--compute-ms", type=float, default=100.0)
     p.add_argument("--average-every", type=int, default=1)
+    p.add_argument("--global-every", type=int, default=0, help="steps between averages over every rank (0: none)")
+    p.add_argument("--fragments", type=int, default=1, help="above 1: a third way, each global average in as many")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300.0)
@@ -88,7 +96,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return rank_main(args)
-    means = {"compute only": [], "waited": [], "overlap": []}
+    means = {"compute only": [], "waited": [], "overlap": [], **({"fragments": []} if args.fragments > 1 else {})}
     try:
         for run in range(args.runs):
             for mode in means:
