@@ -39,6 +39,7 @@ class Fragments(NamedTuple):
     step: int
     ranges: list
     process_set: object
+    rows: list  # each variable's elements in a row (a slice of its first axis)
 
 
 class InFlight:
@@ -160,9 +161,14 @@ class OverlappedAveraging:
         going.set_shape([])
 
         def send():
-            values = [v.read_value() for v in variables]
-            sent = tf.py_function(lambda step, *values: self._send_fragment(switch, int(step), values),
-                                  [tf.cast(step, tf.int64)] + values, tf.bool, name=f"{self.flight.name}_overlap_next")
+            # Only the rows the fragment sends leave the graph (the whole model's values took 15 ms a step more).
+            bounds = tf.py_function(lambda step: self._rows_due(int(step), len(variables)), [tf.cast(step, tf.int64)],
+                                    tf.int64, name=f"{self.flight.name}_overlap_rows")
+            bounds.set_shape([len(variables), 2])
+            rows = [(v if v.shape.rank else tf.reshape(v, [1]))[bounds[i, 0]:bounds[i, 1]]
+                    for i, v in enumerate(variables)]
+            sent = tf.py_function(lambda step, *rows: self._send_fragment(int(step), rows, whole=False),
+                                  [tf.cast(step, tf.int64)] + rows, tf.bool, name=f"{self.flight.name}_overlap_next")
             sent.set_shape([])
             return sent
 
@@ -244,9 +250,10 @@ class OverlappedAveraging:
             if branch == GLOBAL_BRANCH and switch.plan.action(step).kind == GLOBAL:
                 count = min(int(self.fragments_at(step)), switch.plan.policy.average_every)
             if count > 1:
-                self._fragments = Fragments(step, row_fragments([tuple(v.shape) for v in variables], count),
-                                            process_set)
-                return self._send_fragment(switch, step, values[:-1])
+                shapes = [tuple(v.shape) for v in variables]
+                self._fragments = Fragments(step, row_fragments(shapes, count), process_set,
+                                            [max(1, int(np.prod(shape[1:]))) for shape in shapes])
+                return self._send_fragment(step, values[:-1], whole=True)
             self.flight.start(list(values), process_set, kind, (step, branch))
             return True
 
@@ -256,9 +263,21 @@ class OverlappedAveraging:
         started.set_shape([])
         return started
 
-    def _send_fragment(self, switch, step, values):
-        """Send the fragment of the global average going in fragments that is due at ``step`` (``values``: the
-        variables' values now); after the last, none is left. Eager, inside the step's ``tf.py_function``."""
+    def _rows_due(self, step, count):
+        """The rows of each of ``count`` variables that the fragment due at ``step`` sends, ``[start, stop)`` (empty
+        where it sends none of a variable's, or where none is due)."""
+        bounds = np.zeros((count, 2), np.int64)
+        fragments = self._fragments
+        k = step - fragments.step if fragments is not None else -1
+        if 0 <= k < len(fragments.ranges):
+            for i, a, b in fragments.ranges[k]:
+                bounds[i] = [a // fragments.rows[i], b // fragments.rows[i]]
+        return bounds
+
+    def _send_fragment(self, step, values, whole):
+        """Send the fragment of the global average going in fragments that is due at ``step``: ``values`` are the
+        variables' values now (``whole``), or the rows of each that it sends (:meth:`_rows_due`). After the last,
+        none is left. Eager, inside the step's ``tf.py_function``."""
         fragments = self._fragments
         k = step - fragments.step
         if not 0 <= k < len(fragments.ranges):
@@ -267,7 +286,8 @@ class OverlappedAveraging:
         if k == len(fragments.ranges) - 1:
             self._fragments = None
         parts = fragments.ranges[k]
-        sent = [np.array(values[i].numpy().reshape(-1)[a:b]) for i, a, b in parts]  # copies: kept for the fold
+        sent = [np.array(values[i].numpy().reshape(-1)[a:b] if whole else values[i].numpy().reshape(-1))
+                for i, a, b in parts]  # copies: kept for the fold
         flat = np.concatenate(sent)
         bits = step_signature(step).astype(flat.dtype)
         self.flight.start([tf.constant(flat), tf.constant(bits)], fragments.process_set, f"fragment_{k}",
@@ -293,24 +313,28 @@ class OverlappedAveraging:
             offset += b - a
             variable = variables[i]
             row = max(1, int(np.prod(variable.shape[1:])))
-            rows = slice(a // row, b // row)
-            shape = (rows.stop - rows.start,) + tuple(variable.shape[1:]) if variable.shape.rank else ()
-            _assign_rows(variable, rows, _rows_of(variable, rows) + (average - before).reshape(shape))
+            rows = tf.range(a // row, b // row)
+            shape = (b // row - a // row,) + tuple(variable.shape[1:]) if variable.shape.rank else ()
+            _add_rows(variable, rows, (average - before).reshape(shape))
             if kept is not None:
                 carry, agreed = kept[0][i], kept[1][i]
-                _assign_rows(carry, rows, np.zeros(shape, before.dtype))
-                _assign_rows(agreed, rows, average.reshape(shape))
+                _set_rows(carry, rows, np.zeros(shape, before.dtype))
+                _set_rows(agreed, rows, average.reshape(shape))
         return True
 
 
-def _rows_of(variable, rows):
-    """``variable``'s rows ``rows`` (a slice of its first axis; a scalar whole), eagerly."""
-    return variable[rows] if variable.shape.rank else variable.read_value()
+def _add_rows(variable, rows, value):
+    """``variable[rows] += value`` (``rows``: indices of its first axis; a scalar whole), eagerly: a scatter, 6x
+    faster than a slice's read and assign."""
+    if variable.shape.rank:
+        variable.scatter_add(tf.IndexedSlices(tf.constant(value), rows))
+    else:
+        variable.assign_add(value)
 
 
-def _assign_rows(variable, rows, value):
+def _set_rows(variable, rows, value):
     """``variable[rows] = value`` (a scalar whole), eagerly."""
     if variable.shape.rank:
-        variable[rows].assign(value)
+        variable.scatter_update(tf.IndexedSlices(tf.constant(value), rows))
     else:
         variable.assign(value)
