@@ -144,7 +144,8 @@ DOCTEST_MODULES = ["hvd_dssync.schedules", "hvd_dssync.schedules.base", "hvd_dss
                    "hvd_dssync.adaptive.decisions", "hvd_dssync.adaptive.state", "hvd_dssync.adaptive.wire",
                    "hvd_dssync.sparse", "hvd_dssync.join", "hvd_dssync.config", "hvd_dssync.resolution", "hvd_dssync.differences",
                    "hvd_dssync.sensing.job", "hvd_dssync.sensing.rule", "hvd_dssync.sensing.probe",
-                   "hvd_dssync.overlap", "hvd_dssync.resense", "hvd_dssync.build", "hvd_dssync.bench.arguments"]
+                   "hvd_dssync.overlap", "hvd_dssync.fragments", "hvd_dssync.resense", "hvd_dssync.build",
+                   "hvd_dssync.bench.arguments"]
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)
@@ -172,7 +173,7 @@ PUBLIC_MODULES = ["hvd_dssync", "hvd_dssync.schedules", "hvd_dssync.topology", "
                   "hvd_dssync.keras.callbacks", "hvd_dssync.keras.elastic", "hvd_dssync.watchdog",
                   "hvd_dssync.guards", "hvd_dssync.scope", "hvd_dssync.adaptive", "hvd_dssync.sparse",
                   "hvd_dssync.join", "hvd_dssync.sensing.job", "hvd_dssync.sensing.rule", "hvd_dssync.sensing.probe",
-                  "hvd_dssync.overlap", "hvd_dssync.config"]
+                  "hvd_dssync.overlap", "hvd_dssync.fragments", "hvd_dssync.config"]
 
 # Public names whose docstring has no Example yet, in modules owned by others: reported, to be fixed there.
 # A name that gains an Example must be removed from this list (the test says so).
