@@ -49,8 +49,8 @@ def train(forced, fragments=None):
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is (forced or bool(fragments))), \
         (forced, opt.overlap)
     assert not fragments or f"in flight, in {fragments} fragments" in opt.overlap_trial, opt.overlap_trial
-    assert forced is not None or opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'} ("), \
-        opt.overlap_trial
+    said = ("overlap on (", "overlap on, the global averages' fragments only (") if opt.overlap else ("overlap off (",)
+    assert forced is not None or opt.overlap_trial.startswith(said), opt.overlap_trial
     dss.synchronize_models(model)
     want = -LR * steps * sum(r + 1 for r in range(hvd.size())) / hvd.size()
     got = kernel.numpy().reshape(-1)
