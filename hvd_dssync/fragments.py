@@ -13,10 +13,14 @@ import math
 
 import numpy as np
 
-__all__ = ["global_fragments", "fragment_ranges", "row_fragments", "forced_fragments", "FRAGMENTS_ENV"]
+__all__ = ["global_fragments", "fragment_ranges", "row_sizes", "row_fragments", "forced_fragments", "FRAGMENTS_ENV",
+           "GLOBAL_FOLD_STEPS"]
 
 # overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
 FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
+# A global average in flight (or a fragment of one) is folded in at most this many steps after it started, waited
+# for there (hvd_dssync.overlap.folds_now).
+GLOBAL_FOLD_STEPS = 1
 
 
 def global_fragments(route_cost, local_step, world_size, period, through_racks=True):
@@ -29,7 +33,7 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     PyTorch adapter's route): it went through the racks, and a ring over ``w`` ranks sends ``2 (w - 1) / w`` bytes
     across a link for each byte the route's bridge sends, so the ring's time is taken as the route's times that;
     else (the Keras adapter) the waited average was that ring. ``n`` is the ring's time over the
-    :data:`hvd_dssync.overlap.GLOBAL_FOLD_STEPS` local steps (``local_step``) a fragment may hide behind, at most
+    :data:`GLOBAL_FOLD_STEPS` local steps (``local_step``) a fragment may hide behind, at most
     ``period`` (the last fragment is folded in where the next average starts at the latest); 1 where one ring
     hides. What ``period`` fragments leave exposed is waited for at their folds: in flight only where that is less
     than the waited average's whole cost. Nothing timed (NaN): waited.
@@ -43,7 +47,6 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
         >>> global_fragments(0.38, 0.012, 8, 8, through_racks=False)   # the ring itself, waited: 8 expose less
         8
     """
-    from .overlap import GLOBAL_FOLD_STEPS
     share = 2.0 * (world_size - 1) / world_size if world_size > 1 and through_racks else 1.0
     hiding = GLOBAL_FOLD_STEPS * local_step
     need = share * route_cost / hiding if hiding > 0 else math.nan
@@ -91,17 +94,28 @@ def fragment_ranges(sizes, count, rows=None):
     return [parts for parts in fragments if parts]
 
 
+def row_sizes(shapes):
+    """Each tensor's elements in a row of its first axis, for tensors of ``shapes`` (a scalar's one element is its
+    row): what :func:`row_fragments` cuts between.
+
+    Example::
+
+        >>> row_sizes([(4, 3), (3,), ()])
+        [3, 1, 1]
+    """
+    return [max(1, int(np.prod(shape[1:]))) for shape in shapes]
+
+
 def row_fragments(shapes, count):
-    """:func:`fragment_ranges` of tensors of ``shapes``, cut between the rows of their first axis (a scalar is one
-    row): each part is then a slice of rows, ``(tensor, start, stop)`` in elements.
+    """:func:`fragment_ranges` of tensors of ``shapes``, cut between the rows of their first axis
+    (:func:`row_sizes`): each part is then a slice of rows, ``(tensor, start, stop)`` in elements.
 
     Example::
 
         >>> row_fragments([(4, 3), (3,)], 2)
         [[(0, 0, 6)], [(0, 6, 12), (1, 0, 3)]]
     """
-    sizes = [int(np.prod(shape)) for shape in shapes]
-    return fragment_ranges(sizes, count, [int(np.prod(shape[1:])) for shape in shapes])
+    return fragment_ranges([int(np.prod(shape)) for shape in shapes], count, row_sizes(shapes))
 
 
 def forced_fragments(environ):

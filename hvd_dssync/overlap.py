@@ -38,24 +38,22 @@ import time
 
 import numpy as np
 
-from .fragments import global_fragments
+from .fragments import GLOBAL_FOLD_STEPS, global_fragments
 
 __all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places",
-           "TRIAL_PERIODS", "MIN_GAIN", "MIN_T", "GLOBAL_FOLD_STEPS"]
+           "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
 # ... less this many standard errors of the saving: with 3 degrees of freedom (the fewest a trial leaves,
 # replicates), Student's t one-sided at 95% is 2.35.
 MIN_T = 2.5
-# A global average in flight is folded in at most this many steps after it started, waited for there.
-GLOBAL_FOLD_STEPS = 1
 
 
 def folds_now(kind, started, step, done):
     """Whether local step ``step`` folds in the average in flight of ``kind`` (its action's) that started at step
     ``started`` (``done``: a poll found it done): where it is done, and for a global average (or a fragment of
-    one: :mod:`hvd_dssync.fragments`) :data:`GLOBAL_FOLD_STEPS` steps after it started at the latest, waited for
+    one: :mod:`hvd_dssync.fragments`) ``GLOBAL_FOLD_STEPS`` steps after it started at the latest, waited for
     where it is not done. A rack's average in flight may run until the next average starts. A global average
     may not: the racks drifted apart since the last one (``global_every`` steps, not a period), and each step
     taken from those models before the fold keeps the ranks apart after it: folded a period late, the synthetic
@@ -295,7 +293,7 @@ class OverlapTrial:
         (:func:`~hvd_dssync.fragments.global_fragments`), or 0: waited for (through the racks, or where the adapter
         has no route, over every rank). What a global average cost is its waited period's seconds less the mean
         of the other periods (the racks' averages), over the ranks and the periods that hold one; what could hide
-        each fragment, the :data:`GLOBAL_FOLD_STEPS` local steps before its fold (:func:`folds_now`), the mean
+        each fragment, the ``GLOBAL_FOLD_STEPS`` local steps before its fold (:func:`folds_now`), the mean
         local step over the ranks and the periods without one. NaN (nothing timed) keeps them waited.
 
         Example::
@@ -338,7 +336,7 @@ class OverlapTrial:
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
         ``min_gain`` or more, and by more than the noise; each kind of average on its own where the global
         averages went in flight (:meth:`_kinds`): the others only where their places saved ``min_gain``, the global
-        averages in flight only where theirs saved ``min_gain`` times :data:`GLOBAL_FOLD_STEPS` over the period (the
+        averages in flight only where theirs saved ``min_gain`` times ``GLOBAL_FOLD_STEPS`` over the period (the
         share the staleness they are folded in with asks for: a step's, not a period's), by the mean alone. The
         route and the fragments are both exact (the fragments kept parity with Horovod's optimizer on every task,
         docs/tuning.md), so a wrong choice costs time alone, as much as the two ways differ: the mean, which the

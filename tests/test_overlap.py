@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dssync.fragments import FRAGMENTS_ENV, forced_fragments, fragment_ranges, global_fragments
-from hvd_dssync.overlap import GLOBAL_FOLD_STEPS, MIN_GAIN, OverlapTrial, folds_now, runs_trial
+from hvd_dssync.fragments import FRAGMENTS_ENV, GLOBAL_FOLD_STEPS, forced_fragments, fragment_ranges, global_fragments
+from hvd_dssync.overlap import MIN_GAIN, OverlapTrial, folds_now, runs_trial
 
 
 def run_trials(trials, seconds):

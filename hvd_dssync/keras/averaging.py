@@ -162,8 +162,7 @@ class Averaging:
             def waited():
                 folded = self.overlapped.fold_in_flight(switch, variables, check)
                 with tf.control_dependencies([folded]):
-                    fragment = self.overlapped.send_next_fragment(switch, variables, step,
-                                                                  tf.not_equal(branch, KEEP_BRANCH))
+                    fragment = self.overlapped.send_next_fragment(variables, step, tf.not_equal(branch, KEEP_BRANCH))
                 return tf.group(self._waited(switch, variables, step, branch, [fragment], by_rows))
 
             return tf.cond(self.choice.overlapped,

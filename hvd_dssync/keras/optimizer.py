@@ -325,12 +325,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             (a global average, the step after it started: :func:`hvd_dssync.overlap.folds_now`;
             ``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`).
             A global average goes whole, or in ``HVD_DSSYNC_GLOBAL_FRAGMENTS`` fragments, each sent at a step of
-            its own and folded in at the next (:mod:`hvd_dssync.fragments`). ``synchronize_models``, the exit and ``SynchronizeModelsCallback`` before an evaluation fold it in
-            first (:meth:`synchronize`). Not with a lossy ``compression``, the adaptive policy or elastic
-            Horovod; embedding tables are then averaged densely. None (the default): where the averages cross
-            hosts, a trial of both ways after the warm-up decides, alike on every rank (:mod:`hvd_dssync.overlap`;
-            :attr:`overlap` is None until then), as in the PyTorch adapter, the global averages' fragments on their
-            own; off on one host, under elastic
+            its own and folded in at the next (:mod:`hvd_dssync.fragments`). ``synchronize_models``, the exit and
+            ``SynchronizeModelsCallback`` before an evaluation fold it in first (:meth:`synchronize`). Not with a
+            lossy ``compression``, the adaptive policy or elastic Horovod; embedding tables are then averaged
+            densely. None (the default): where the averages cross hosts, a trial of both ways after the warm-up
+            decides, alike on every rank (:mod:`hvd_dssync.overlap`; :attr:`overlap` is None until then), as in
+            the PyTorch adapter, the global averages' fragments on their own; off on one host, under elastic
             Horovod, with a lossy ``compression``, the adaptive policy or a table averaged by its rows. False:
             every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the

@@ -24,7 +24,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..fragments import row_fragments
+from ..fragments import row_fragments, row_sizes
 from ..guards import step_signature
 from ..overlap import folds_now
 from ..plan import GLOBAL
@@ -57,7 +57,7 @@ class InFlight:
     def __init__(self, name):
         self.name = name
         self._thread, self._box, self.at = None, None, None
-        self.part = None  # a fragment of a global average: its parts and what this rank sent of each
+        self.part = None  # a fragment of a global average: its parts, what this rank sent of each, the row sizes
 
     @property
     def pending(self):
@@ -137,7 +137,7 @@ class OverlappedAveraging:
         fold_now.set_shape([])
         folded = tf.cond(fold_now, lambda: self._fold(switch, variables), lambda: tf.constant(False))
         with tf.control_dependencies([folded]):
-            sent = self.send_next_fragment(switch, variables, step, averaging)
+            sent = self.send_next_fragment(variables, step, averaging)
         with tf.control_dependencies([sent]):
             return tf.cond(averaging, lambda: self._send(switch, variables, step, branch), lambda: tf.constant(False))
 
@@ -148,7 +148,7 @@ class OverlappedAveraging:
         pending.set_shape([])
         return tf.cond(pending, lambda: self._fold(switch, variables), lambda: tf.constant(False))
 
-    def send_next_fragment(self, switch, variables, step, averaging):
+    def send_next_fragment(self, variables, step, averaging):
         """An op: where a global average goes in fragments and this step (a local one: ``averaging`` false) is
         the next one's, send it (the average before it folded in first); an averaging step drops what is left
         (never, where the fragments are at most the steps between two averages)."""
@@ -188,6 +188,7 @@ class OverlappedAveraging:
         fragment = tf.py_function(lambda: self.flight.part is not None, [], tf.bool,
                                   name=f"{self.flight.name}_overlap_fragment")
         fragment.set_shape([])
+
         def fold_fragment():
             folded = tf.py_function(lambda: self._fold_fragment(switch, variables), [], tf.bool,
                                     name=f"{self.flight.name}_overlap_fold_fragment")
@@ -251,8 +252,7 @@ class OverlappedAveraging:
                 count = min(int(self.fragments_at(step)), switch.plan.policy.average_every)
             if count > 1:
                 shapes = [tuple(v.shape) for v in variables]
-                self._fragments = Fragments(step, row_fragments(shapes, count), process_set,
-                                            [max(1, int(np.prod(shape[1:]))) for shape in shapes])
+                self._fragments = Fragments(step, row_fragments(shapes, count), process_set, row_sizes(shapes))
                 return self._send_fragment(step, values[:-1], whole=True)
             self.flight.start(list(values), process_set, kind, (step, branch))
             return True
@@ -268,10 +268,10 @@ class OverlappedAveraging:
         where it sends none of a variable's, or where none is due)."""
         bounds = np.zeros((count, 2), np.int64)
         fragments = self._fragments
-        k = step - fragments.step if fragments is not None else -1
-        if 0 <= k < len(fragments.ranges):
-            for i, a, b in fragments.ranges[k]:
-                bounds[i] = [a // fragments.rows[i], b // fragments.rows[i]]
+        if fragments is None or not 0 <= step - fragments.step < len(fragments.ranges):
+            return bounds
+        for i, a, b in fragments.ranges[step - fragments.step]:
+            bounds[i] = [a // fragments.rows[i], b // fragments.rows[i]]
         return bounds
 
     def _send_fragment(self, step, values, whole):
@@ -291,7 +291,7 @@ class OverlappedAveraging:
         flat = np.concatenate(sent)
         bits = step_signature(step).astype(flat.dtype)
         self.flight.start([tf.constant(flat), tf.constant(bits)], fragments.process_set, f"fragment_{k}",
-                          (step, GLOBAL_BRANCH), part=(parts, sent))
+                          (step, GLOBAL_BRANCH), part=(parts, sent, fragments.rows))
         return True
 
     def _fold_fragment(self, switch, variables):
@@ -299,7 +299,7 @@ class OverlappedAveraging:
         the model the next bridge sends takes the fragment's average there and the carry is dropped there, as a
         waited global average does. Eager, inside the step's ``tf.py_function``; returns True."""
         step, branch = self.flight.at
-        parts, sent = self.flight.part
+        parts, sent, row_of = self.flight.part
         guard = self.guard
         begun = guard.begin(switch, tf.constant(branch, tf.int32), tf.constant(step, tf.int64), "group")
         averaged, means = self.flight.take()
@@ -311,8 +311,7 @@ class OverlappedAveraging:
         for (i, a, b), before in zip(parts, sent):
             average = averaged[offset:offset + b - a].astype(before.dtype)
             offset += b - a
-            variable = variables[i]
-            row = max(1, int(np.prod(variable.shape[1:])))
+            variable, row = variables[i], row_of[i]
             rows = tf.range(a // row, b // row)
             shape = (b // row - a // row,) + tuple(variable.shape[1:]) if variable.shape.rank else ()
             _add_rows(variable, rows, (average - before).reshape(shape))
