@@ -195,8 +195,8 @@ class SyncConfig:
 
     The fields are the keyword arguments both adapters' ``DistributedOptimizer`` take for DS-Sync, with
     their defaults (the Keras adapter's ``average_non_trainable`` is ``average_buffers`` here; ``outer_momentum``
-    acts in the PyTorch adapter only, and the Keras adapter refuses it; ``overlap=None`` runs a trial in the
-    PyTorch adapter only, and is off in the Keras one). Build one,
+    acts in the PyTorch adapter only, and the Keras adapter refuses it; ``overlap=None`` runs a trial in either
+    where the averages cross hosts, :func:`hvd_dssync.overlap.runs_trial`). Build one,
     and pass the same object as ``sync=`` to either adapter's ``DistributedOptimizer``, ``init`` and
     ``add_process_set_groups``: one place for each value (:func:`config_of`). ``schedule`` is a name in
     ``SCHEDULE_NAMES``, a schedule object, or None (resolved by :func:`resolve_schedule`); ``topology`` is
@@ -240,7 +240,7 @@ class SyncConfig:
     schedule_options: object = None
     policy: object = None
     outer_momentum: float = 0.0
-    overlap: object = None  # True, False, or None: decided by a trial (hvd_dssync.overlap; off in Keras)
+    overlap: object = None  # True, False, or None: decided by a trial (hvd_dssync.overlap)
     average_buffers: bool = True
     sparse_average: bool = True
 

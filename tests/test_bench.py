@@ -585,3 +585,23 @@ def test_rack_average_cost_script_times_both_libraries():
     for row in rows:
         figures = [float(cell) for cell in row.split(" | ")[1:4]]  # ordered, in the loop, torch
         assert all(figure > 0 for figure in figures), row
+
+
+@needs_namespaces
+@pytest.mark.multirank
+def test_keras_overlap_experiment_runs_every_way_on_emulated_hosts():
+    """hvd_dssync/bench/experiments/keras_overlap.py --emulated, tiny: 4 emulated hosts in 2 racks, one job of
+    each way (compute only, waited, overlap, 2 fragments, the default's trial), each the Keras swap's optimizer;
+    every way prints a mean step, the trial its state; an odd rack split is refused."""
+    module = "hvd_dssync.bench.experiments.keras_overlap"
+    refused = subprocess.run([sys.executable, "-m", module, "--emulated", "--ranks", "5"], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "does not split into two racks" in refused.stderr, refused.stderr
+    proc = subprocess.run([sys.executable, "-m", module, "--emulated", "--hidden", "16", "--compute-ms", "10",
+                           "--steps", "12", "--runs", "1", "--fragments", "2", "--timeout", "90"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for way in ("compute only", "waited", "overlap", "fragments", "trial"):
+        line = next((line for line in proc.stdout.splitlines() if line.startswith(f"{way:12s} mean step")), None)
+        assert line is not None and re.search(r"median of 1 runs: \d+\.\d+ s \(\d+\.\d+x", line), proc.stdout
+    assert "; overlap: on trial" in proc.stdout, proc.stdout  # 12 steps end before the trial does

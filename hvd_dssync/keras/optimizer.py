@@ -372,7 +372,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         if elastic_job():
             raise ValueError("Arg ``overlap``: overlap=True is not supported under elastic Horovod in the Keras "
                              "adapter (an average in flight would cross a reset).")
-        forced_fragments(os.environ)  # a bad count of a global average's fragments, named on every rank
+    # overlap=True: in how many fragments a global average goes; a bad count named on every rank, before any op.
+    fragments = forced_fragments(os.environ) if config.overlap else 1
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
@@ -393,7 +394,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          op=op, gradient_predivide_factor=gradient_predivide_factor, sparse_as_dense=sparse_as_dense,
                          device_dense=device_dense, name=op_name, config=config,
                          scope=scope if in_process_set else None,
-                         process_set=process_set if in_process_set else hvd.global_process_set)
+                         process_set=process_set if in_process_set else hvd.global_process_set,
+                         global_fragments=fragments)
     step_sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
     options = {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,

@@ -22,13 +22,11 @@ world size (same arguments, same op names) and connects again; a graph traced fo
 with a clear error instead of using process sets that no longer exist.
 """
 import itertools
-import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..fragments import forced_fragments
 from ..overlap import runs_trial
 from ..plan import check_ranks_agree
 from ..process_sets import elastic_job, registry_for
@@ -67,7 +65,8 @@ class StepSync:
     the step's group (or over all ranks).
 
     ``config`` is the :class:`hvd_dssync.config.SyncConfig` the plan was built from (:func:`make_plan`), kept
-    to rebuild the plan for a new world.
+    to rebuild the plan for a new world; ``global_fragments``, in how many fragments ``overlap=True`` sends a
+    global average (:func:`hvd_dssync.fragments.forced_fragments`).
 
     Example::
 
@@ -80,7 +79,7 @@ class StepSync:
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, device_dense="", name="DSSync", config=None, scope=None,
-                 process_set=hvd.global_process_set):
+                 process_set=hvd.global_process_set, global_fragments=1):
         self.compression = compression
         self.process_set = process_set
         self.config = config
@@ -110,9 +109,8 @@ class StepSync:
             hvd.size() > hvd.local_size())
         self.choice = OverlapChoice(self.name, plan, process_set) if trial else None
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
-        # A global average in flight goes in as many fragments as the trial chose, or HVD_DSSYNC_GLOBAL_FRAGMENTS.
-        count = forced_fragments(os.environ) if config is not None and config.overlap else 1
-        fragments_at = self.choice.fragments_at if trial else lambda step: count
+        # A global average in flight goes in as many fragments as the trial chose, or as given (overlap=True).
+        fragments_at = self.choice.fragments_at if trial else lambda step: global_fragments
         self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight,
                                    self.choice, fragments_at)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,
