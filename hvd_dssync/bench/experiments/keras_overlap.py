@@ -15,8 +15,8 @@ averaged). Run from the repository root::
 ``accelerator`` links (``--intra-mbit`` 4000, ``--inter-mbit`` 400 Mbit/s), launched as the bench launches its
 contenders, and the optimizer as the one-line swap makes it (``DistributedOptimizer(opt)``: the racks sensed,
 the default rhythm; ``--average-every`` and ``--global-every`` where given): "waited" is ``overlap=False``,
-"overlap" ``overlap=True``, and a fourth way, "trial", the default (``overlap=None``: the trial decides after
-its first 136 steps; rank 0's log of what it chose is printed)::
+"overlap" ``overlap=True``, and a fourth way, "trial", the default (``overlap=None``: its trial decides at
+step 135 in the default rhythm; rank 0's log of what it chose is printed)::
 
     .venv/bin/python -m hvd_dssync.bench.experiments.keras_overlap --emulated --hidden 2400 --fragments 4 --runs 3
 
@@ -113,8 +113,8 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--hidden", type=int, default=1024, help="MLP width: about hidden^2 parameters")
     p.add_argument("--compute-ms", type=float, default=100.0)
-    p.add_argument("--average-every", type=int, default=None, help="steps between averages (one host: 1)")
-    p.add_argument("--global-every", type=int, default=0, help="steps between averages over every rank (0: none)")
+    p.add_argument("--average-every", type=int, default=None, help="steps between averages (one host: 1; --emulated: the swap's)")
+    p.add_argument("--global-every", type=int, default=0, help="steps between averages over every rank (one host, 0: none; --emulated, 0: the swap's)")
     p.add_argument("--fragments", type=int, default=1, help="above 1: a third way, each global average in as many")
     p.add_argument("--steps", type=int, default=None, help="steps a job (one host: 40; --emulated: 240)")
     p.add_argument("--runs", type=int, default=3)
