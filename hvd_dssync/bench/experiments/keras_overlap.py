@@ -113,8 +113,10 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--hidden", type=int, default=1024, help="MLP width: about hidden^2 parameters")
     p.add_argument("--compute-ms", type=float, default=100.0)
-    p.add_argument("--average-every", type=int, default=None, help="steps between averages (one host: 1; --emulated: the swap's)")
-    p.add_argument("--global-every", type=int, default=0, help="steps between averages over every rank (one host, 0: none; --emulated, 0: the swap's)")
+    p.add_argument("--average-every", type=int, default=None,
+                   help="steps between averages (one host: 1; --emulated: the swap's)")
+    p.add_argument("--global-every", type=int, default=0,
+                   help="steps between averages over every rank (one host, 0: none; --emulated, 0: the swap's)")
     p.add_argument("--fragments", type=int, default=1, help="above 1: a third way, each global average in as many")
     p.add_argument("--steps", type=int, default=None, help="steps a job (one host: 40; --emulated: 240)")
     p.add_argument("--runs", type=int, default=3)
