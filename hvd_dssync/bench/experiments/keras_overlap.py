@@ -86,7 +86,7 @@ def run_job(args, mode, average_every, bed=None):
     fragments = {"HVD_DSSYNC_GLOBAL_FRAGMENTS": str(args.fragments) if mode == "fragments" else ""}  # "": unset
     worker = [sys.executable, "-m", "hvd_dssync.bench.experiments.keras_overlap", "--worker", "--mode", mode,
               "--hidden", str(args.hidden), "--compute-ms", str(args.compute_ms), "--average-every",
-              str(average_every), "--global-every", str(args.global_every if average_every else 0), "--steps",
+              str(average_every), "--global-every", str(0 if mode == "compute only" else args.global_every), "--steps",
               str(args.steps), *(("--emulated",) if bed is not None else ())]
     if bed is not None:
         from hvd_dssync.bench.contenders import run_ranks
@@ -131,6 +131,8 @@ def main(argv=None):
         args.steps = 240 if args.emulated else 40
     if args.worker:
         return rank_main(args)
+    if args.average_every is not None and args.average_every < 1 or args.global_every < 0:
+        p.error("--average-every must be 1 or more, --global-every 0 or more")
     if args.average_every is None and not args.emulated:
         args.average_every = 1
     if args.emulated and (args.ranks < 4 or args.ranks % 2):
