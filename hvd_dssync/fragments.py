@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-__all__ = ["global_fragments", "fragment_ranges", "row_sizes", "row_fragments", "forced_fragments", "FRAGMENTS_ENV",
-           "GLOBAL_FOLD_STEPS"]
+__all__ = ["global_fragments", "fragment_count", "fragment_ranges", "row_sizes", "row_fragments", "forced_fragments",
+           "FRAGMENTS_ENV", "GLOBAL_FOLD_STEPS"]
 
 # overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
 FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
@@ -55,6 +55,18 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     count = min(max(1, math.ceil(need - 1e-9)), max(1, int(period)))
     exposed = share * route_cost - count * hiding
     return count if exposed < route_cost else 0
+
+
+def fragment_count(count, average_every):
+    """How many fragments a global average goes in, given ``count`` (the trial's or the forced one): at most one a
+    step until the next average, ``average_every`` steps on (1 or less: whole).
+
+    Example::
+
+        >>> fragment_count(8, 8), fragment_count(12, 8), fragment_count(0, 8)
+        (8, 8, 0)
+    """
+    return min(int(count), int(average_every))
 
 
 def fragment_ranges(sizes, count, rows=None):

@@ -24,7 +24,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..fragments import row_fragments, row_sizes
+from ..fragments import fragment_count, row_fragments, row_sizes
 from ..guards import step_signature
 from ..overlap import folds_now
 from ..plan import GLOBAL
@@ -249,7 +249,7 @@ class OverlappedAveraging:
         (``fragments_at(step)``, at most one a step until the next average); if so, they begin here."""
         if branch != GLOBAL_BRANCH or switch.plan.action(step).kind != GLOBAL:
             return False
-        count = min(int(self.fragments_at(step)), switch.plan.policy.average_every)
+        count = fragment_count(self.fragments_at(step), switch.plan.policy.average_every)
         if count > 1:
             shapes = [tuple(v.shape) for v in variables]
             self._fragments = Fragments(step, row_fragments(shapes, count), switch.process_set, row_sizes(shapes))

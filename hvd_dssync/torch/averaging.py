@@ -13,7 +13,7 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..fragments import fragment_ranges
+from ..fragments import fragment_count, fragment_ranges
 from ..overlap import folds_now
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
@@ -278,7 +278,7 @@ class Averaging:
 
     def _fragment_count(self, world):
         """How many fragments a global average goes in: at most a step each until the next average."""
-        return min(int(self.global_fragments), world.plan.policy.average_every)
+        return fragment_count(self.global_fragments, world.plan.policy.average_every)
 
     def _send_fragment(self, world, step):
         """Send the fragment of the global average in fragments that is due at ``step`` (every rank of the scope

@@ -80,14 +80,15 @@ def rank_main(args):
         print("RESULT " + json.dumps(times[5:]), flush=True)
 
 
-def run_job(args, mode, average_every, bed=None):
+def run_job(args, mode, bed=None):
     """One job of ``mode``: rank 0's step times, and what its trial chose (the "trial" way; else None). On
     one host under mpirun, or on ``bed``'s emulated hosts as the bench launches its contenders."""
+    every, global_every = (args.average_every or 0, args.global_every) if mode != "compute only" else (0, 0)
     fragments = {"HVD_DSSYNC_GLOBAL_FRAGMENTS": str(args.fragments) if mode == "fragments" else ""}  # "": unset
     worker = [sys.executable, "-m", "hvd_dssync.bench.experiments.keras_overlap", "--worker", "--mode", mode,
-              "--hidden", str(args.hidden), "--compute-ms", str(args.compute_ms), "--average-every",
-              str(average_every), "--global-every", str(0 if mode == "compute only" else args.global_every), "--steps",
-              str(args.steps), *(("--emulated",) if bed is not None else ())]
+              "--hidden", str(args.hidden), "--compute-ms", str(args.compute_ms), "--average-every", str(every),
+              "--global-every", str(global_every), "--steps", str(args.steps),
+              *(("--emulated",) if bed is not None else ())]
     if bed is not None:
         from hvd_dssync.bench.contenders import run_ranks
 
@@ -150,7 +151,7 @@ def main(argv=None):
         try:
             for run in range(args.runs):
                 for mode in ways:
-                    steps, trial = run_job(args, mode, 0 if mode == "compute only" else args.average_every or 0, bed)
+                    steps, trial = run_job(args, mode, bed)
                     means[mode].append(statistics.mean(steps))
                     print(f"run {run}: {mode:12s} mean step {statistics.mean(steps):.3f} s, "
                           f"median {statistics.median(steps):.3f} s" + (f"; {trial}" if trial else ""), flush=True)
