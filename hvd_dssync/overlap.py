@@ -423,5 +423,5 @@ class OverlapTrial:
         kinds = ""
         if self.decided != self.overlapping:
             kinds = ", the global averages' fragments only"
-        return (f"overlap {'on' if self.overlapping else 'off'}{kinds} (the overlapped steps {self.gain:.0%} shorter"
-                f"{cycle}{way})")
+        change = f"{self.gain:.0%} shorter" if self.gain >= 0 else f"{-self.gain:.0%} longer"
+        return f"overlap {'on' if self.overlapping else 'off'}{kinds} (the overlapped steps {change}{cycle}{way})"

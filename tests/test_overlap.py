@@ -81,6 +81,9 @@ def test_a_trial_times_whole_cycles_of_the_schedule_each_way():
     # Shorter, but under MIN_GAIN; then shorter by 20% on average but within its noise: off both times.
     assert OverlapTrial(0, 1).decide([[0.2, 0.21, 0.2, 0.19] + [0.2 * (1 - MIN_GAIN / 2)] * 4]) is False
     assert OverlapTrial(0, 1).decide([[0.2, 0.2, 0.2, 0.2, 0.1, 0.3, 0.05, 0.19]]) is False
+    longer = OverlapTrial(0, 1)
+    assert longer.decide([[0.2] * 4 + [0.22] * 4]) is False
+    assert longer.describe() == "overlap off (the overlapped steps 10% longer)"  # not "-10% shorter"
 
 
 def test_a_bridge_that_saves_more_than_the_racks_averages_is_no_noise():
