@@ -27,7 +27,9 @@ Unsure (nothing timed) is the route. The overlapped half then decides each kind 
 (:meth:`OverlapTrial.decide`): the fragments on what their places of the cycle saved, the racks' averages
 on theirs (on 2 shared cores a rack's average in flight cost more than waited, while the fragments hid the
 route's slow link). The fragments, folded in a step late and not a period, need save only a period's share of
-:data:`MIN_GAIN`, by the mean (both ways are exact: a wrong choice costs as much time as they differ). Before
+:data:`MIN_GAIN`, by the mean (both ways are exact: a wrong choice costs as much time as they differ). The other
+averages are folded in once done: they need save :data:`MIN_GAIN` in the share of a period after which the
+overlapped half folded them in (:func:`staleness`: a period where nothing was told), beyond the noise. Before
 each half's first global average the adapter warms that half's way
 (:meth:`OverlapTrial.warms`), untimed: a way's first average cost more than the next.
 
@@ -40,7 +42,7 @@ import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS, global_fragments
 
-__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places",
+__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
            "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
@@ -134,6 +136,22 @@ def global_places(plan, first, period, blocks):
                  if any(plan.action(s).kind == GLOBAL for s in range(first + k * period, first + (k + 1) * period)))
 
 
+def staleness(folds, period):
+    """After how many steps the overlapped half folded in its averages in flight but the global ones, from every
+    rank's ``(steps summed, averages)`` (:meth:`OverlapTrial.note_fold`): the largest of the ranks' means, at least
+    ``GLOBAL_FOLD_STEPS``, at most ``period``; ``period`` where no rank folded one in (unsure: as late as the next
+    average, the latest an average in flight may be folded in).
+
+    Example::
+
+        >>> staleness([[3, 3], [4, 3]], 8), staleness([[30, 3]], 8), staleness([[0, 0], [0, 0]], 8)
+        (1.3333333333333333, 8.0, 8.0)
+    """
+    folds = np.asarray(folds, dtype=float).reshape(-1, 2)
+    means = [steps / count for steps, count in folds if count > 0]
+    return float(min(max(max(means), GLOBAL_FOLD_STEPS), period)) if means else float(period)
+
+
 def _shorter(overlapped, waited):
     """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones, on average (NaN where
     nothing was timed)."""
@@ -162,7 +180,7 @@ class OverlapTrial:
         >>> for s in range(10):
         ...     trial.note(s, 0.3 if s < 5 else 0.2)
         >>> trial.look, trial.due(5), trial.due(8), trial.figures().tolist()
-        (5, True, True, [[0.3, 0.3, 0.3, 0.3, 0.2, 0.2, 0.2, 0.2]])
+        (5, True, True, [[0.3, 0.3, 0.3, 0.3, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0]])
         >>> trial.decide([[0.3, 0.31, 0.3, 0.32, 0.2, 0.21, 0.2, 0.2], [0.31, 0.3, 0.3, 0.3, 0.21, 0.2, 0.2, 0.2]])
         True
         >>> trial.overlap_at(10)
@@ -189,6 +207,8 @@ class OverlapTrial:
         self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
         self.route_cost = self.local_step = math.nan  # what decide_globals weighed
         self._last_end = None  # when the step before ended (step_ended)
+        self._folds = np.zeros(2)  # the overlapped half's averages in flight but the global ones: steps, how many
+        self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
 
     @classmethod
     def of(cls, plan, choose_globals=False, through_racks=True):
@@ -229,13 +249,22 @@ class OverlapTrial:
             if local and block < self.blocks:
                 self._local[block] += float(seconds)
 
+    def note_fold(self, step, kind, started):
+        """An average in flight of ``kind``, started at step ``started``, was folded in at ``step``: in the
+        overlapped half, what :meth:`decide` weighs the other averages' saving against (:func:`staleness`). A global
+        average's fragments are folded in a step after they started (:func:`folds_now`): not counted."""
+        from .policy import GLOBAL
+        if self.decided is None and kind != GLOBAL and self.first + self.length <= started <= self.last:
+            self._folds += (step - started, 1)
+
     def due(self, step):
         """Whether the ranks gather their figures after ``step`` and decide (:meth:`figures`, then
         :meth:`decide`; at :attr:`look`, early)."""
         return self.decided is None and step in (self.look, self.last, self._globals_step)
 
-    def step_ended(self, step, gather, local=False, warm=None):
-        """What an adapter calls at the end of each step (``local``: one with no average): notes the step's
+    def step_ended(self, step, gather, local=False, warm=None, folded=None):
+        """What an adapter calls at the end of each step (``local``: one with no average; ``folded``: the kind and
+        start step of an average in flight this step folded in, :meth:`note_fold`): notes the step's
         seconds, from the end of the step before; where :meth:`due`, decides from ``gather(figures)``, the
         adapter's allgather of :meth:`figures` over the optimizer's ranks (a collective, at the same step on
         every rank): the global averages' way at the waited half's last step, overlap at the look and the last
@@ -244,6 +273,8 @@ class OverlapTrial:
         now = time.perf_counter()
         if self._last_end is not None:
             self.note(step, now - self._last_end, local)
+        if folded is not None:
+            self.note_fold(step, *folded)
         decided = None
         if self.due(step):
             gathered = gather(self.figures())
@@ -282,10 +313,17 @@ class OverlapTrial:
         return None
 
     def figures(self):
-        """This rank's seconds of each averaging period of the trial, the waited ones first, and where the
-        trial chooses the global averages' way, the waited periods' seconds of local steps: one row."""
-        row = np.concatenate([self._seconds, self._local]) if self.globals_at else self._seconds
-        return row.reshape(1, -1).copy()
+        """This rank's seconds of each averaging period of the trial, the waited ones first, where the trial
+        chooses the global averages' way the waited periods' seconds of local steps, then the overlapped half's
+        folds (:meth:`note_fold`: steps summed, how many): one row."""
+        row = np.concatenate([self._seconds, self._local] if self.globals_at else [self._seconds])
+        return np.concatenate([row, self._folds]).reshape(1, -1)
+
+    def _folds_of(self, gathered):
+        """The ranks' folds (:meth:`figures`' last two columns), none where the rows hold the periods alone."""
+        rows = np.asarray(gathered, dtype=float)
+        width = (3 if self.globals_at else 2) * self.blocks
+        return rows[:, width:width + 2] if rows.shape[1] >= width + 2 else np.zeros((0, 2))
 
     def decide_globals(self, gathered):
         """From every rank's :meth:`figures` at the end of the waited half: how many fragments the global averages
@@ -306,7 +344,7 @@ class OverlapTrial:
             >>> trial.decide_globals([fast_link + [0.0] * 8 + [0.91] * 8]), round(trial.local_step, 2)
             (1, 0.13)
         """
-        rows = np.asarray(gathered, dtype=float).reshape(-1, 3, self.blocks)
+        rows = np.asarray(gathered, dtype=float)[:, :3 * self.blocks].reshape(-1, 3, self.blocks)
         waited, local = rows[:, 0, :].mean(axis=0), rows[:, 2, :].mean(axis=0)
         at = np.zeros(self.blocks, dtype=bool)
         at[list(self.globals_at)] = True
@@ -335,7 +373,8 @@ class OverlapTrial:
     def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
         ``min_gain`` or more, and by more than the noise; each kind of average on its own where the global
-        averages went in flight (:meth:`_kinds`): the others only where their places saved ``min_gain``, the global
+        averages went in flight (:meth:`_kinds`): the others only where their places saved ``min_gain`` times the
+        share of a period after which they were folded in (:func:`staleness`: all of it where none was), the global
         averages in flight only where theirs saved ``min_gain`` times ``GLOBAL_FOLD_STEPS`` over the period (the
         share the staleness they are folded in with asks for: a step's, not a period's), by the mean alone. The
         route and the fragments are both exact (the fragments kept parity with Horovod's optimizer on every task,
@@ -348,7 +387,7 @@ class OverlapTrial:
         their own averages out). Its noise is read from the periods of the same place (a rack's average against
         a rack's, a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more
         than a rack's average), which is no noise. The others are kept where what their places saved a cycle,
-        less :data:`MIN_T` standard errors, is still ``min_gain`` of their waited periods. Returns the decision
+        less :data:`MIN_T` standard errors, is still their share of their waited periods. Returns the decision
         on the averages but the global ones (None where the first look lets the trial go on);
         :attr:`global_fragments` is 0 where the global ones go back to the route.
 
@@ -362,7 +401,12 @@ class OverlapTrial:
         # The share of their waited periods each kind must save: a global average's fragments are folded in a step
         # after they start, not a period: so much less staleness to pay for.
         fragments_gain = self.min_gain * GLOBAL_FOLD_STEPS / self.period
-        kinds = [(list(places), gain) for places, gain in ((global_places, fragments_gain), (others, self.min_gain))
+        # The others are folded in once done: on a host whose cores are free, a step or two after they start.
+        folds = self._folds_of(gathered)
+        stale = staleness(folds, self.period)
+        self.staleness = stale if folds[:, 1].sum() > 0 else math.nan
+        others_gain = self.min_gain * stale / self.period
+        kinds = [(list(places), gain) for places, gain in ((global_places, fragments_gain), (others, others_gain))
                  if places]
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
@@ -389,7 +433,7 @@ class OverlapTrial:
 
         if global_places and not saves(global_places, fragments_gain, 0.0):
             self.global_fragments = 0
-        self.decided = bool(saves(others, self.min_gain, MIN_T))
+        self.decided = bool(saves(others, others_gain, MIN_T))
         return self.decided
 
     @property
@@ -424,4 +468,7 @@ class OverlapTrial:
         if self.decided != self.overlapping:
             kinds = ", the global averages' fragments only"
         change = f"{self.gain:.0%} shorter" if self.gain >= 0 else f"{-self.gain:.0%} longer"
-        return f"overlap {'on' if self.overlapping else 'off'}{kinds} (the overlapped steps {change}{cycle}{way})"
+        stale = (f"; the others folded in {self.staleness:.2g} step{'' if self.staleness == 1 else 's'} late"
+                 if math.isfinite(self.staleness) else "")
+        return (f"overlap {'on' if self.overlapping else 'off'}{kinds} "
+                f"(the overlapped steps {change}{cycle}{way}{stale})")

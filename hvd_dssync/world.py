@@ -27,11 +27,12 @@ class World(NamedTuple):
 class Done(NamedTuple):
     """What a step's synchronization did: the plan's action, its seconds, the bytes this rank sent, the rows
     of sparse tables it averaged, whether it was an average folded in from behind the steps (``overlapped``:
-    its seconds are what it delayed training, not what the network cost). The optimizer turns it into
-    ``last_sync``."""
+    its seconds are what it delayed training, not what the network cost), and the average in flight the step
+    folded in (``folded``, for the trial of overlap). The optimizer turns it into ``last_sync``."""
 
     action: Any  # hvd_dssync.plan.Action
     seconds: float = 0.0
     bytes_sent: int = 0
     sparse_rows: int = 0
     overlapped: bool = False
+    folded: Any = None  # an average in flight folded in at this step: (its kind, the step it started at)

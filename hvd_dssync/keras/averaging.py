@@ -69,8 +69,8 @@ class Averaging:
         self._carries, self._agreed = {}, {}
         # overlap=True: the averages go through ``flight`` (an .overlap.InFlight), folded in late; a global one in
         # fragments_at(step) fragments.
-        self.overlapped = None if flight is None else OverlappedAveraging(guard, flight, self.kept, self.bridge,
-                                                                          fragments_at)
+        self.overlapped = None if flight is None else OverlappedAveraging(
+            guard, flight, self.kept, self.bridge, fragments_at, None if choice is None else choice.note_fold)
         # The default's trial (an .overlap_choice.OverlapChoice): each step's way read from its variable.
         self.choice = choice
 

@@ -100,8 +100,10 @@ class OverlappedAveraging:
     It is given the step guard, the in-flight average, ``kept(store, variable, name)`` (a variable per model
     variable: :meth:`.averaging.Averaging.kept`) and ``bridge(switch, variables, branch)``, the exact bridges'
     tables and state, shared with waited averages (:meth:`.averaging.Averaging.bridge`), and ``fragments_at(step)``:
-    in how many fragments ``step``'s global average goes (1: whole). Whether an average is in flight, and of
-    which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each call gets the step's switch.
+    in how many fragments ``step``'s global average goes (1: whole), and ``on_fold(kind, started, step)``, told of
+    each average in flight it folds in (the trial's :meth:`.overlap_choice.OverlapChoice.note_fold`). Whether an
+    average is in flight, and of which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each
+    call gets the step's switch.
 
     Example::
 
@@ -110,9 +112,9 @@ class OverlappedAveraging:
         overlapped.drain()                                              # eagerly, where models must agree
     """
 
-    def __init__(self, guard, flight, kept, bridge, fragments_at=lambda step: 1):
+    def __init__(self, guard, flight, kept, bridge, fragments_at=lambda step: 1, on_fold=None):
         self.guard, self.flight, self.kept, self.bridge = guard, flight, kept, bridge
-        self.fragments_at = fragments_at
+        self.fragments_at, self.on_fold = fragments_at, on_fold
         self._sent = {}  # per variable: what this rank sent (what its average's move is measured from)
         self._last = None  # (switch, variables) of the last traced step, for drain()
         self._fragments = None  # a global average going in fragments (Fragments) with some still to send
@@ -129,7 +131,10 @@ class OverlappedAveraging:
             if not flight.pending:
                 return False
             kind = GLOBAL if flight.part is not None else switch.plan.action(flight.at[0]).kind
-            return bool(averaging) or folds_now(kind, flight.at[0], int(step), flight.done())
+            fold = bool(averaging) or folds_now(kind, flight.at[0], int(step), flight.done())
+            if fold and self.on_fold is not None:
+                self.on_fold(kind, flight.at[0], int(step))
+            return fold
 
         with tf.control_dependencies(check):
             fold_now = tf.py_function(due, [averaging, tf.cast(step, tf.int64)], tf.bool,

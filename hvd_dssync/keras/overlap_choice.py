@@ -67,6 +67,11 @@ class OverlapChoice:
         """In how many fragments ``step``'s global average goes in flight (1: whole)."""
         return self.trial.fragments_at(step) if self.trial.globals_at else 1
 
+    def note_fold(self, kind, started, step):
+        """An average in flight of ``kind``, started at step ``started``, folded in at ``step``: what the trial weighs
+        the other averages' saving against (:meth:`hvd_dssync.overlap.OverlapTrial.note_fold`)."""
+        self.trial.note_fold(step, kind, started)
+
     def end_step(self, step, shapes, dtype):
         """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's first look and
         its last step, gather every rank's figures over the optimizer's process set and decide (a collective,

@@ -267,7 +267,8 @@ class Averaging:
         self._outer_step()
         self._remember(world, tensors)
         return Done(action, time.perf_counter() - started, sent_bytes,
-                    sparse_rows=sum(len(index) for _, index, _ in writes))
+                    sparse_rows=sum(len(index) for _, index, _ in writes),
+                    folded=None if finished is None else finished.folded)
 
     def _fragmented(self, world, action, tensors, bridge):
         """Whether ``action``'s average goes in fragments (:attr:`global_fragments`): a global one of a plain model
@@ -372,7 +373,8 @@ class Averaging:
             self._remember(world, tensors if bridge is not None else pending.received)
         elif world.plan.schedule.has_bridges:
             self._agreed = agreed_with_parts(self._agreed, self.tensors(), pending.parts, pending.received)
-        return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True)
+        return Done(action, pending.issued + time.perf_counter() - started, pending.nbytes, overlapped=True,
+                    folded=(action.kind, step))
 
     def _tell_fold_hooks(self, names, moves, parts=None):
         """Tell the fold hooks what a fold added to each tensor (``names``: what the tensors are; ``parts``: those

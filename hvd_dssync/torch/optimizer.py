@@ -241,7 +241,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
                                       decision=decision.as_dict())
         if self._overlap_choice is not None:
             self._overlap_choice.end_step(world, step, action.kind == LOCAL,
-                                          lambda: [t for _, t in self._averaging.tensors()])
+                                          lambda: [t for _, t in self._averaging.tensors()], done)
         self._synchronized = False
         self.sync_step += 1
         return loss

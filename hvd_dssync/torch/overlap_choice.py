@@ -31,8 +31,8 @@ class OverlapChoice:
         choice = OverlapChoice("dssync.0", plan, choose_globals=True, registry=registry)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         averaging.global_fragments = choice.global_fragments_at(step)
-        ...                                  # the step
-        choice.end_step(world, step, local, tensors)  # an allgather at the waited half's end, the look, the last step
+        done = averaging.average_model(world, action, step)   # the step
+        choice.end_step(world, step, local, tensors, done)  # an allgather at the waited half's end, the look, the end
     """
 
     def __init__(self, name, plan, choose_globals=False, registry=None):
@@ -51,11 +51,12 @@ class OverlapChoice:
         steps (the trial's choice, where it kept them in flight); 0: through the racks, waited for."""
         return self.trial.fragments_at(step)
 
-    def end_step(self, world, step, local, tensors):
-        """Time the step (``local``: one with no average); where the trial is due, gather every rank's figures over
-        the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`); where it warms
-        a way of the global averages, warm it (:func:`warm_way`; ``tensors()``: the tensors an average sends).
-        Returns the decision on overlap taken at this step, or None."""
+    def end_step(self, world, step, local, tensors, done=None):
+        """Time the step (``local``: one with no average; ``done``: what its average did, a fold of an average in
+        flight among it: :meth:`hvd_dssync.overlap.OverlapTrial.note_fold`); where the trial is due, gather every
+        rank's figures over the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`);
+        where it warms a way of the global averages, warm it (:func:`warm_way`; ``tensors()``: the tensors an average
+        sends). Returns the decision on overlap taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()
@@ -63,7 +64,7 @@ class OverlapChoice:
         def warm(fragments):
             warm_way(world, f"{self.name}.warm", step, tensors(), self.registry, fragments)
 
-        decided = self.trial.step_ended(step, gather, local, warm)
+        decided = self.trial.step_ended(step, gather, local, warm, None if done is None else done.folded)
         if decided is not None and world.scope.rank == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         return decided

@@ -8,6 +8,8 @@ forced on, then off, then the racks' averages off and the global ones in fragmen
 timing's; each must fold in what is in flight exactly: off, the next waited average folds in the last overlapped
 one first), then as measured; every rank prints the last.
 """
+import re
+
 import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss
 import numpy as np
@@ -49,6 +51,9 @@ def train(forced, fragments=None):
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is (forced or bool(fragments))), \
         (forced, opt.overlap)
     assert not fragments or f"in flight, in {fragments} fragments" in opt.overlap_trial, opt.overlap_trial
+    # Its overlapped half ran whole: the racks' averages it sent in flight were told to the trial as they were folded.
+    assert forced is None or re.search(r"; the others folded in [\d.]+ steps? late\)$", opt.overlap_trial), \
+        opt.overlap_trial
     said = ("overlap on (", "overlap on, the global averages' fragments only (") if opt.overlap else ("overlap off (",)
     assert forced is not None or opt.overlap_trial.startswith(said), opt.overlap_trial
     dss.synchronize_models(model)

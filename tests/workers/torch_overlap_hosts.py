@@ -1,8 +1,10 @@
 """One rank of a job of one rank per emulated host: the one-line swap's trial of overlap (hvd_dssync.overlap)
 runs after its first averaging period and decides alike on every rank, at its first look or at its last step,
-the global averages' way too where the racks' route is "auto"; every rank prints what it decided, rank 0 what
+the global averages' way too where the racks' route is "auto", the racks' averages' by the steps after which the
+overlapped half folded them in; every rank prints what it decided, rank 0 what
 it logged, and after synchronize_models() every rank holds the same model."""
 import logging
+import re
 
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
@@ -26,6 +28,8 @@ for step in range(last + 3):
     assert opt.overlap is (None if step < trial.look else opt.overlap), (step, opt.overlap)
 assert opt.overlap in (True, False), opt.overlap
 assert opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'}"), opt.overlap_trial
+# The racks' averages sent in flight in the overlapped half were told to the trial as they were folded in.
+assert re.search(r"; the others folded in [\d.]+ steps? late\)$", opt.overlap_trial), opt.overlap_trial
 dss.synchronize_models(model)
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 models = hvd.allgather(flat.reshape(1, -1), name="test.models")
