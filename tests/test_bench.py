@@ -56,6 +56,26 @@ def test_smoke_two_namespaces_dssync_crosses_the_shaped_link_and_is_torn_down():
     assert time.monotonic() - started < 60
 
 
+@needs_namespaces
+@pytest.mark.multirank
+def test_the_swaps_trial_of_overlap_reaches_the_record_and_the_report():
+    """The one-line swap on 4 emulated hosts in 2 racks runs past its trial of overlap: the record says after how
+    many steps it decided, and the report the mean step after it beside the run's (what a long job's steps cost,
+    the trial being most of a short bench job)."""
+    from hvd_dssync.bench.contenders import run_contender
+
+    config = dict(SMOKE_CONFIG, steps=150, eval_every=50, racks=[[0, 1], [2, 3]])
+    with Testbed(racks=[2, 2], intra_mbit=200, inter_mbit=20) as bed:
+        record = run_contender(bed, "dssync-default", config, timeout=120)
+    trial = record["trial_steps"]
+    assert record["overlap"] in (True, False) and 8 < trial < record["steps"] == 150, (trial, record["overlap"])
+    row = report.summarize(record, {"name": "static", "inter_mbit": 20, "rate_changes": []}, config)
+    assert row["trial_steps"] == trial and row["mean_step_after_trial_s"] == pytest.approx(
+        np.mean(record["step_times"][trial:]))
+    text = report.render_markdown({"rows": report.combine([row, dict(row)]), "config": config, "repeat": 2})
+    assert f"static, dssync-default): decided after {trial} steps; the mean step after it " in text, text
+
+
 @pytest.mark.multirank
 def test_loopback_local_steps_and_a_straggler_reach_the_record():
     """dssync-local on 2 loopback ranks: it averages on 1 step in ``local_period``, the others are

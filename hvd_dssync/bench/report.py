@@ -153,6 +153,10 @@ def summarize(record, scenario, config):
         row["sensed"] = sensed
     if record.get("overlap") is not None:
         row["overlap"] = record["overlap"]  # what the default's trial decided (hvd_dssync.overlap)
+    trial = record.get("trial_steps")
+    if trial and trial < steps:  # the steps after the trial: what a long job's steps cost
+        row["trial_steps"] = trial
+        row["mean_step_after_trial_s"] = float(np.mean(record["step_times"][trial:]))
     links = record.get("links")
     if links and links["total"]:
         row["bottleneck_bytes"] = max(links["total"].values(), default=0)
@@ -176,10 +180,10 @@ def _median_of(values):
     return None if not np.isfinite(median) else median
 
 
-_MEDIANS = ("median_step_s", "throughput_samples_s", "train_seconds", "time_to_target_s", "time_to_higher_target_s",
-            "time_to_target_consensus_s", "time_to_higher_target_consensus_s", "final_accuracy",
-            "rank0_accuracy", "sync_seconds", "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate",
-            "link_bound_s", "sync_to_link_bound")
+_MEDIANS = ("median_step_s", "mean_step_s", "mean_step_after_trial_s", "trial_steps", "throughput_samples_s",
+            "train_seconds", "time_to_target_s", "time_to_higher_target_s", "time_to_target_consensus_s",
+            "time_to_higher_target_consensus_s", "final_accuracy", "rank0_accuracy", "sync_seconds",
+            "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate", "link_bound_s", "sync_to_link_bound")
 
 
 def combine(rows):
@@ -471,4 +475,8 @@ def render_markdown(payload):
             lines.append(f"- sensed ({r['scenario']}, {r['contender']}): {s['found']} {s['racks'] or ''} by "
                          f"{s['how']} ({s['hosts']} hosts, {s['pairs']} pairs timed"
                          + (f", {s['reading']}" if s.get("reading") else "") + f") in {s['seconds']:.2f} s")
+        if r.get("mean_step_after_trial_s") is not None:
+            lines.append(f"- the trial of overlap ({r['scenario']}, {r['contender']}): decided after "
+                         f"{r['trial_steps']:.0f} steps; the mean step after it {r['mean_step_after_trial_s']:.3f} s, "
+                         f"over the run {r['mean_step_s']:.3f} s")
     return "\n".join(lines) + "\n"

@@ -269,6 +269,8 @@ def run(config):
     loss_value = float("nan")
     margin = 1 if name in (*HOROVOD_BSP, "ddp") else STOP_MARGIN  # every step of theirs waits for every rank
     stop = StopSignal(config["out"] + ".stop", rank, config.get("stop_margin", margin))
+    # The default's trial of overlap: opt.overlap is None until it decides; the steps through the deciding one.
+    on_trial, trial_steps = getattr(opt, "overlap", False) is None, None
     for step in range(config["steps"]):
         if stop.now(step):
             break
@@ -289,6 +291,8 @@ def run(config):
         loss_value = loss.item()
         losses.append(loss_value)
         step_times.append(elapsed)
+        if on_trial and getattr(opt, "overlap", None) is not None:
+            on_trial, trial_steps = False, step + 1
         if last_sync:
             kind, seconds = last_sync()
             kinds[kind] = kinds.get(kind, 0) + 1
@@ -328,7 +332,7 @@ def run(config):
         "batch": batch, "hostname_loopback": socket.gethostbyname(socket.gethostname()).startswith("127."),
         "step_kinds": kinds, "kind_of_step": kind_of_step, "slowed_seconds": slowed_seconds,
         "decisions": decisions, "sensed": getattr(opt, "sensed", None), "overlap": getattr(opt, "overlap", None),
-        "overlap_trial": getattr(opt, "overlap_trial", None),
+        "overlap_trial": getattr(opt, "overlap_trial", None), "trial_steps": trial_steps,
         "task": config.get("task", "synthetic"), "snapshot_every": every, "snapshot_dtype": dtype,
     }
     if rank == 0:
