@@ -172,7 +172,8 @@ def test_the_adapters_step_end_gathers_at_the_first_look_and_at_the_trials_last_
     assert decisions[:decided] == [None] * decided and decisions[decided] is (saving > 0)
     assert decisions[decided + 1:] == [None] * (len(decisions) - decided - 1) and trial.decided is (saving > 0)
     assert trial.early is (calls_at == "look")
-    timed = trial.figures()[:, :2 * trial.blocks] > 0  # every period timed (the untimed set-up period holds the first step)
+    # Every period timed (the untimed set-up period holds the first step).
+    timed = trial.figures()[:, :2 * trial.blocks] > 0
     assert timed.all() if calls_at != "look" else timed[0, :trial.blocks + 1].all()
 
 

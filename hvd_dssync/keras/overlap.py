@@ -100,7 +100,7 @@ class OverlappedAveraging:
     It is given the step guard, the in-flight average, ``kept(store, variable, name)`` (a variable per model
     variable: :meth:`.averaging.Averaging.kept`) and ``bridge(switch, variables, branch)``, the exact bridges'
     tables and state, shared with waited averages (:meth:`.averaging.Averaging.bridge`), and ``fragments_at(step)``:
-    in how many fragments ``step``'s global average goes (1: whole), and ``on_fold(kind, started, step)``, told of
+    in how many fragments ``step``'s global average goes (1: whole), and ``on_fold(step, kind, started)``, told of
     each average in flight it folds in (the trial's :meth:`.overlap_choice.OverlapChoice.note_fold`). Whether an
     average is in flight, and of which step and branch, is the :class:`InFlight`'s to say; the graph asks it. Each
     call gets the step's switch.
@@ -133,7 +133,7 @@ class OverlappedAveraging:
             kind = GLOBAL if flight.part is not None else switch.plan.action(flight.at[0]).kind
             fold = bool(averaging) or folds_now(kind, flight.at[0], int(step), flight.done())
             if fold and self.on_fold is not None:
-                self.on_fold(kind, flight.at[0], int(step))
+                self.on_fold(int(step), kind, flight.at[0])
             return fold
 
         with tf.control_dependencies(check):

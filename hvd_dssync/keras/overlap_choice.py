@@ -67,7 +67,7 @@ class OverlapChoice:
         """In how many fragments ``step``'s global average goes in flight (1: whole)."""
         return self.trial.fragments_at(step) if self.trial.globals_at else 1
 
-    def note_fold(self, kind, started, step):
+    def note_fold(self, step, kind, started):
         """An average in flight of ``kind``, started at step ``started``, folded in at ``step``: what the trial weighs
         the other averages' saving against (:meth:`hvd_dssync.overlap.OverlapTrial.note_fold`)."""
         self.trial.note_fold(step, kind, started)

@@ -1,8 +1,8 @@
 """One rank of a job of one rank per emulated host: the one-line swap's trial of overlap (hvd_dssync.overlap)
 runs after its first averaging period and decides alike on every rank, at its first look or at its last step,
 the global averages' way too where the racks' route is "auto", the racks' averages' by the steps after which the
-overlapped half folded them in; every rank prints what it decided, rank 0 what
-it logged, and after synchronize_models() every rank holds the same model."""
+overlapped half folded them in; every rank prints what it decided, rank 0 what it logged, and after
+synchronize_models() every rank holds the same model."""
 import logging
 import re
 
