@@ -23,7 +23,7 @@ FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
 GLOBAL_FOLD_STEPS = 1
 
 
-def global_fragments(route_cost, local_step, world_size, period, through_racks=True):
+def global_fragments(route_cost, local_step, world_size, period, through_racks=True, headroom=1.0):
     """How many fragments a global average in flight is split into (0: none goes in flight; it is waited for).
     Each fragment of the model is sent at a step of its own, one after the other, and folded in at the next step
     (:func:`hvd_dssync.overlap.folds_now`): a ring over every rank of ``1/n`` of the model hides behind one local
@@ -36,7 +36,9 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     :data:`GLOBAL_FOLD_STEPS` local steps (``local_step``) a fragment may hide behind, at most
     ``period`` (the last fragment is folded in where the next average starts at the latest); 1 where one ring
     hides. What ``period`` fragments leave exposed is waited for at their folds: in flight only where that is less
-    than the waited average's whole cost. Nothing timed (NaN): waited.
+    than the waited average's whole cost. Nothing timed (NaN): waited. ``headroom``: so many times more fragments
+    (at most ``period``), each then a shorter ring, where a ring in flight may take longer than timed alone; what
+    they leave exposed is still weighed at the ring's time.
 
     Example::
 
@@ -46,15 +48,19 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
         (0, 0)
         >>> global_fragments(0.38, 0.012, 8, 8, through_racks=False)   # the ring itself, waited: 8 expose less
         8
+        >>> global_fragments(0.5, 0.15, 4, 8), global_fragments(0.5, 0.15, 4, 8, headroom=2.0)
+        (5, 8)
     """
     share = 2.0 * (world_size - 1) / world_size if world_size > 1 and through_racks else 1.0
     hiding = GLOBAL_FOLD_STEPS * local_step
     need = share * route_cost / hiding if hiding > 0 else math.nan
     if not math.isfinite(need):
         return 0
-    count = min(max(1, math.ceil(need - 1e-9)), max(1, int(period)))
-    exposed = share * route_cost - count * hiding
-    return count if exposed < route_cost else 0
+    most = max(1, int(period))
+    fitting = min(max(1, math.ceil(need - 1e-9)), most)  # each ring within a step, as far as the period allows
+    if not share * route_cost - fitting * hiding < route_cost:
+        return 0
+    return min(max(fitting, math.ceil(headroom * need - 1e-9)), most)
 
 
 def fragment_count(count, average_every):

@@ -16,22 +16,14 @@ time alone, not what a stale average costs each step. ``overlap=True`` or ``Fals
 trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
 Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
-="auto"``: through the racks, waited for, or over every rank at once, behind the steps), the waited half
-decides that too, before the overlapped half times it (:meth:`OverlapTrial.decide_globals`). A global average
-in flight is folded in a step after it started (:func:`folds_now`: a later fold costs the ranks' models
-accuracy), and a ring over every rank crosses the slow link as the route does, with more bytes. So it goes in
-fragments (:mod:`hvd_dssync.fragments`): as many parts of the model, each sent at a step
-of its own and folded in at the next, as it takes for each ring to fit behind a local step, at most one a step
-until the next average; the route where what even those steps leave exposed would cost more than the route.
-Unsure (nothing timed) is the route. The overlapped half then decides each kind on its own
-(:meth:`OverlapTrial.decide`): the fragments on what their places of the cycle saved, the racks' averages
-on theirs (on 2 shared cores a rack's average in flight cost more than waited, while the fragments hid the
-route's slow link). The fragments, folded in a step late and not a period, need save only a period's share of
-:data:`MIN_GAIN`, by the mean (both ways are exact: a wrong choice costs as much time as they differ). The other
-averages are folded in once done: they need save :data:`MIN_GAIN` in the share of a period after which the
-overlapped half folded them in (:func:`staleness`: a period where nothing was told), beyond the noise. Before
-each half's first global average the adapter warms that half's way
-(:meth:`OverlapTrial.warms`), untimed: a way's first average cost more than the next.
+="auto"``: through the racks, waited for, or over every rank at once, behind the steps), a probe after the set-up
+period chooses (:meth:`OverlapTrial.decide_globals`) and both halves send them that way: no waited route is timed
+where the fragments hide it. A global average in flight is folded in a step after it started (:func:`folds_now`), so
+it goes in fragments (:mod:`hvd_dssync.fragments`), each a ring that fits behind a local step; the route where even
+a period's fragments would leave more exposed than it costs. The trial then keeps the fragments unless they cost more
+than the route's price beyond the noise, the other averages (the racks', the bridges) where their places of the cycle
+saved :data:`MIN_GAIN` in the share of a period after which the overlapped half folded them in (:func:`staleness`),
+beyond the noise (:meth:`OverlapTrial.decide`). The way chosen is warmed first, untimed (:meth:`OverlapTrial.warms`).
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -50,6 +42,10 @@ MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
 # ... less this many standard errors of the saving: with 3 degrees of freedom (the fewest a trial leaves,
 # replicates), Student's t one-sided at 95% is 2.35.
 MIN_T = 2.5
+# The fragments' count from a probe's ring: each ring in flight may take this many times as long as the probe's alone
+# (it shares the host with the compute and the folds): on 2 shared cores, 5-6 fragments that the probe said would each
+# hide behind a step left each fold 0.03-0.15 s to wait for.
+IN_FLIGHT_HEADROOM = 2.0
 
 
 def folds_now(kind, started, step, done):
@@ -153,8 +149,7 @@ def staleness(folds, period):
 
 
 def _shorter(overlapped, waited):
-    """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones, on average (NaN where
-    nothing was timed)."""
+    """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones (NaN: nothing timed)."""
     return 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
 
 
@@ -166,9 +161,10 @@ class OverlapTrial:
     twice, :func:`replicates`). The ranks gather their figures at :attr:`look` (after the first overlapped
     cycle: :meth:`decide` with ``early=True`` ends the trial where it saved too little) and at :attr:`last`.
     ``globals_at``: the averaging periods of each half that hold a global average whose way the trial chooses
-    (:func:`global_places`; none: no choice, :attr:`global_fragments` stays 0); then the ranks gather at
-    the waited half's last step too (:meth:`decide_globals`). ``through_racks``: a waited global average takes
-    the route through the racks (the PyTorch adapter's), else it is the ring over every rank (the Keras adapter's).
+    (:func:`global_places`; none: no choice, :attr:`global_fragments` stays 0); then the ranks gather at the
+    set-up period's last step too, the adapter's probe timed (:meth:`decide_globals`). ``through_racks``: a waited
+    global average takes the route through the racks (the PyTorch adapter's), else it is the ring over every rank
+    (the Keras adapter's).
 
     Example::
 
@@ -204,8 +200,10 @@ class OverlapTrial:
         self.world_size = int(world_size)  # the ranks a global average's ring runs over
         self.through_racks = bool(through_racks)
         self.global_fragments = 0  # the global averages in flight, in this many fragments (0: the route)
-        self._local = np.zeros(self.blocks)  # the waited periods' seconds of local steps (no average)
-        self.route_cost = self.local_step = math.nan  # what decide_globals weighed
+        self._setup = []  # the set-up period's local steps' seconds: a local step, for decide_globals
+        self.probe = self.route_cost = self.local_step = math.nan  # what decide_globals weighed
+        self._bridge = math.nan  # what the probe priced the route's bridge at
+        self.exposure = math.nan  # what the fragments left exposed a global average (decide)
         self._last_end = None  # when the step before ended (step_ended)
         self._folds = np.zeros(2)  # the overlapped half's averages in flight but the global ones: steps, how many
         self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
@@ -225,9 +223,10 @@ class OverlapTrial:
         return trial
 
     @property
-    def _globals_step(self):
-        """The waited half's last step, where the ranks decide the global averages' way (None: no choice)."""
-        return self.first + self.length - 1 if self.globals_at else None
+    def _probe_step(self):
+        """The set-up period's last step, where the ranks probe the way of the global averages and choose it (None: no
+        choice)."""
+        return self.first - 1 if self.globals_at else None
 
     @property
     def last(self):
@@ -242,12 +241,14 @@ class OverlapTrial:
 
     def note(self, step, seconds, local=False):
         """A step's seconds, from the end of the step before to the end of this one; ``local``: a step with no
-        average (counted apart in the waited half, for :meth:`decide_globals`)."""
-        if self.decided is None and self.first <= step <= self.last and math.isfinite(seconds):
+        average (counted apart in the set-up period, for :meth:`decide_globals`)."""
+        if not math.isfinite(seconds) or self.decided is not None:
+            return
+        if local and self.first - self.period <= step < self.first:
+            self._setup.append(float(seconds))
+        if self.first <= step <= self.last:
             block = (step - self.first) // self.period
             self._seconds[block] += float(seconds)
-            if local and block < self.blocks:
-                self._local[block] += float(seconds)
 
     def note_fold(self, step, kind, started):
         """An average in flight of ``kind``, started at step ``started``, was folded in at ``step``: in the
@@ -260,15 +261,17 @@ class OverlapTrial:
     def due(self, step):
         """Whether the ranks gather their figures after ``step`` and decide (:meth:`figures`, then
         :meth:`decide`; at :attr:`look`, early)."""
-        return self.decided is None and step in (self.look, self.last, self._globals_step)
+        return self.decided is None and step in (self.look, self.last, self._probe_step)
 
-    def step_ended(self, step, gather, local=False, warm=None, folded=None):
+    def step_ended(self, step, gather, local=False, warm=None, folded=None, probe=None):
         """What an adapter calls at the end of each step (``local``: one with no average; ``folded``: the kind and
         start step of an average in flight this step folded in, :meth:`note_fold`): notes the step's
         seconds, from the end of the step before; where :meth:`due`, decides from ``gather(figures)``, the
         adapter's allgather of :meth:`figures` over the optimizer's ranks (a collective, at the same step on
-        every rank): the global averages' way at the waited half's last step, overlap at the look and the last
-        step. Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op on the way's sets, every rank at
+        every rank): overlap at the look and the last step; at the set-up period's last step the global averages'
+        way, from ``gather(probe_figures(probe(fragments)))`` (``probe``: the adapter's seconds of one ring over the
+        optimizer's ranks of the first of that many fragments of the model, after an untimed one; none: unsure, the
+        route). Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op on the way's sets, every rank at
         the same step), untimed. Returns the decision on overlap taken at this step, or None."""
         now = time.perf_counter()
         if self._last_end is not None:
@@ -277,11 +280,10 @@ class OverlapTrial:
             self.note_fold(step, *folded)
         decided = None
         if self.due(step):
-            gathered = gather(self.figures())
-            if step == self._globals_step:
-                self.decide_globals(gathered)
+            if step == self._probe_step:
+                self.decide_globals(gather(self.probe_figures(math.nan if probe is None else probe(self.period))))
             else:
-                decided = self.decide(gathered, early=step < self.last)
+                decided = self.decide(gather(self.figures()), early=step < self.last)
         way = self.warms(step)
         if warm is not None and way is not None:
             warm(way)
@@ -290,69 +292,68 @@ class OverlapTrial:
 
     def warms(self, step):
         """The way of the global averages whose sets the adapter warms at the end of ``step``, untimed, or None: the
-        route (0) before the period of the waited half's first global average, the fragments (their count) before
-        the overlapped half's, where the trial chose them. One op of what the way sends across the racks, of zeros:
-        on the accelerator bench the first global average of each way cost its step 0.3-0.7 s more than the next
-        (the first route 1.0-1.4 s against 0.9 s; the first fragment's fold 0.5-0.9 s against 0.2 s), which the
-        trial, with two global averages each way, took for what the way costs.
+        fragments' count right after the probe chose them (one op of the first fragment: a ring's first op of a size
+        cost the bench's first fragments 0.2-0.3 s more a fold than the next), the route (0) before the period of the
+        waited half's first global average (what it sends across the racks: its first cost 1.0-1.4 s, the next 0.9).
 
         Example::
 
             >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6), world_size=4)
-            >>> trial.global_fragments = 6
-            >>> [(s, trial.warms(s)) for s in range(120) if trial.warms(s) is not None]
-            [(23, 0), (87, 6)]
+            >>> warmed = lambda: [(s, trial.warms(s)) for s in range(140) if trial.warms(s) is not None]
+            >>> route = warmed(); trial.global_fragments = 6   # then the probe chose 6 fragments
+            >>> route, warmed()
+            ([(23, 0)], [(7, 6)])
         """
         if not self.globals_at or self.decided is not None:
             return None
-        before = self.first + self.globals_at[0] * self.period - 1
-        if step == before:
-            return 0
-        if step == before + self.length and self.global_fragments:
-            return self.global_fragments
-        return None
+        if self.global_fragments:
+            return self.global_fragments if step == self._probe_step else None
+        return 0 if step == self.first + self.globals_at[0] * self.period - 1 else None
 
     def figures(self):
-        """This rank's seconds of each averaging period of the trial, the waited ones first, where the trial
-        chooses the global averages' way the waited periods' seconds of local steps, then the overlapped half's
+        """This rank's seconds of each averaging period of the trial, the waited ones first, then the overlapped half's
         folds (:meth:`note_fold`: steps summed, how many): one row."""
-        row = np.concatenate([self._seconds, self._local] if self.globals_at else [self._seconds])
-        return np.concatenate([row, self._folds]).reshape(1, -1)
+        return np.concatenate([self._seconds, self._folds]).reshape(1, -1)
+
+    def probe_figures(self, seconds):
+        """This rank's figures for :meth:`decide_globals`: the probe's ``seconds``, the median of the set-up period's
+        local steps (NaN where none was timed): one row."""
+        return np.array([[float(seconds), float(np.median(self._setup)) if self._setup else math.nan]])
 
     def _folds_of(self, gathered):
         """The ranks' folds (:meth:`figures`' last two columns), none where the rows hold the periods alone."""
         rows = np.asarray(gathered, dtype=float)
-        width = (3 if self.globals_at else 2) * self.blocks
+        width = 2 * self.blocks
         return rows[:, width:width + 2] if rows.shape[1] >= width + 2 else np.zeros((0, 2))
 
     def decide_globals(self, gathered):
-        """From every rank's :meth:`figures` at the end of the waited half: how many fragments the global averages
-        go in, over every rank at once, behind the steps, in the overlapped half and after it where overlap stays
-        (:func:`~hvd_dssync.fragments.global_fragments`), or 0: waited for (through the racks, or where the adapter
-        has no route, over every rank). What a global average cost is its waited period's seconds less the mean
-        of the other periods (the racks' averages), over the ranks and the periods that hold one; what could hide
-        each fragment, the ``GLOBAL_FOLD_STEPS`` local steps before its fold (:func:`folds_now`), the mean
-        local step over the ranks and the periods without one. NaN (nothing timed) keeps them waited.
+        """From every rank's :meth:`probe_figures` at the end of the set-up period: how many fragments the global
+        averages go in, over every rank at once, behind the steps (:func:`~hvd_dssync.fragments.global_fragments`), or
+        0: waited for (through the racks; where the adapter has no route, over every rank). The probe timed a ring over
+        every rank of a period's fragment of the model: the whole model's takes the period's times that (a fragment's
+        fixed costs make it no less); the route's bridge sends ``2 (w - 1) / w`` times fewer bytes across the racks
+        than that ring over ``w`` ranks (:attr:`route_cost`, until :meth:`decide` adds a rack's average; where the
+        adapter has no route, the ring itself). What could hide each fragment is the ``GLOBAL_FOLD_STEPS`` local steps
+        before its fold (:func:`folds_now`). The medians over the ranks (a rank that entered the probe late timed
+        less); NaN (nothing timed) keeps them waited.
 
         Example::
 
             >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6), world_size=4)
-            >>> waited = [1.3, 1.2, 2.0, 1.2, 1.2, 1.3, 1.8, 1.2]   # each period: 7 local steps of 0.13 s, an average
-            >>> trial.decide_globals([waited + [0.0] * 8 + [0.91] * 8]), round(trial.route_cost, 2)
-            (8, 0.67)
-            >>> fast_link = [1.2, 1.21, 1.23, 1.19, 1.2, 1.21, 1.25, 1.2]   # a global average 0.04 s longer
-            >>> trial.decide_globals([fast_link + [0.0] * 8 + [0.91] * 8]), round(trial.local_step, 2)
-            (1, 0.13)
+            >>> trial.decide_globals([[0.12, 0.13], [0.11, 0.14], [0.12, 0.13], [0.12, 0.13]])   # a slow link
+            8
+            >>> round(trial.route_cost, 2), trial.local_step
+            (0.64, 0.13)
+            >>> trial.decide_globals([[0.008, 0.13]] * 4), trial.decide_globals([[0.09, 0.012]] * 8)  # fast; static
+            (1, 0)
         """
-        rows = np.asarray(gathered, dtype=float)[:, :3 * self.blocks].reshape(-1, 3, self.blocks)
-        waited, local = rows[:, 0, :].mean(axis=0), rows[:, 2, :].mean(axis=0)
-        at = np.zeros(self.blocks, dtype=bool)
-        at[list(self.globals_at)] = True
-        self.route_cost = waited[at].mean() - waited[~at].mean() if (~at).any() else math.nan
-        local_steps = self.period - 1  # a period's steps less its averaging step
-        self.local_step = local[~at].mean() / local_steps if (~at).any() and local_steps else math.nan
+        rows = np.asarray(gathered, dtype=float).reshape(-1, 2)
+        self.probe = float(np.median(rows[:, 0])) if np.isfinite(rows[:, 0]).all() else math.nan
+        self.local_step = float(np.median(rows[:, 1])) if np.isfinite(rows[:, 1]).all() else math.nan
+        share = 2.0 * (self.world_size - 1) / self.world_size if self.through_racks and self.world_size > 1 else 1.0
+        self.route_cost = self._bridge = self.probe * self.period / share
         self.global_fragments = global_fragments(self.route_cost, self.local_step, self.world_size, self.period,
-                                                 self.through_racks)
+                                                 self.through_racks, IN_FLIGHT_HEADROOM)
         return self.global_fragments
 
     @property
@@ -361,80 +362,97 @@ class OverlapTrial:
         return self.global_fragments > 0
 
     def _kinds(self):
-        """The places of the cycle whose savings decide each kind of average: the global averages in flight (their
-        place and the next, which holds their fragments' folds) where the trial sent them so, then the others
-        (the racks' averages, the bridges); else every place, one kind."""
+        """The places of the cycle of the global averages in fragments (their place and the next, which holds their
+        folds) where the trial sent them so, then the others' (the racks' averages, the bridges); else none, then
+        every place."""
         if not self.global_fragments:
             return (), tuple(range(self.cycle))
         places = {k % self.cycle for k in self.globals_at}
         places |= {(k + 1) % self.cycle for k in places}
         return tuple(sorted(places)), tuple(k for k in range(self.cycle) if k not in places)
 
+    def _exposed(self, periods):
+        """What the fragments cost a global average, what a rack's average waited for cost its period, and the first's
+        standard error (NaN where no other place was timed, or under two cycles), from every rank's periods
+        (``periods``: a row each, the cycles timed in order, the waited half's first). A cycle's cost: its seconds
+        less its places at the pace of its others' places (a rack's average and its period's steps each, as the
+        route's place would be with the route's bridge in place of the rack's average), over the ranks; with a rack's
+        average, what the route would cost beside it. The median over the cycles timed, both halves' (a way's first
+        averages cost more: on the bench the first cycle took 0.5-0.6 s more than the next)."""
+        places, others = self._kinds()
+        if not places or not others:
+            return math.nan, math.nan, math.nan
+        cycles = periods.mean(axis=0).reshape(-1, self.cycle)
+        cycles = cycles[(cycles > 0).all(axis=1)]  # the cycles timed (at the first look, one overlapped)
+        pace = cycles[:, list(others)].mean(axis=1)  # each cycle's period of the others' places
+        rack = np.median(pace[:self.blocks // self.cycle]) - self.period * self.local_step  # the waited half's first
+        rack = max(0.0, float(rack)) if math.isfinite(rack) else 0.0
+        costs = (cycles.sum(axis=1) - self.cycle * pace) / len({k % self.cycle for k in self.globals_at})
+        if costs.size < 2:
+            return math.nan, math.nan, math.nan
+        return float(np.median(costs)) + rack, rack, float(costs.std(ddof=1) / math.sqrt(costs.size))
+
     def decide(self, gathered, early=False):
         """From every rank's :meth:`figures` (rows): keep overlap where it shortened the ranks' mean step by
-        ``min_gain`` or more, and by more than the noise; each kind of average on its own where the global
-        averages went in flight (:meth:`_kinds`): the others only where their places saved ``min_gain`` times the
-        share of a period after which they were folded in (:func:`staleness`: all of it where none was), the global
-        averages in flight only where theirs saved ``min_gain`` times ``GLOBAL_FOLD_STEPS`` over the period (the
-        share the staleness they are folded in with asks for: a step's, not a period's), by the mean alone. The
-        route and the fragments are both exact (the fragments kept parity with Horovod's optimizer on every task,
-        docs/tuning.md), so a wrong choice costs time alone, as much as the two ways differ: the mean, which the
-        waited half's choice agreed with, is the better bet; and no margin of standard errors is within reach of
-        two global averages each way (on the accelerator bench the route's own spread left a standard error of
-        0.2-0.36 s against savings of 0.25-0.6 s a global average). The saving of each averaging period is the
-        waited period's seconds less the overlapped one's at the same place in the schedule's cycle, averaged
-        over the ranks (what the ranks' noise shares, as where they wait for each other, stays in it; what is
-        their own averages out). Its noise is read from the periods of the same place (a rack's average against
-        a rack's, a bridge against a bridge): the kinds of a cycle save differently (a bridge hides far more
-        than a rack's average), which is no noise. The others are kept where what their places saved a cycle,
-        less :data:`MIN_T` standard errors, is still their share of their waited periods. Returns the decision
-        on the averages but the global ones (None where the first look lets the trial go on);
-        :attr:`global_fragments` is 0 where the global ones go back to the route.
+        ``min_gain`` or more, and by more than the noise. Where the global averages went in fragments, their places of
+        the cycle (:meth:`_kinds`) decide the fragments alone: kept unless they cost more than the route's price beyond
+        the noise (:meth:`_keep_fragments`; both ways are exact: a wrong choice costs as much time as they differ).
+        The others (the racks' averages, the bridges; every place where the global averages take the route)
+        are kept where their places saved ``min_gain`` times the share of a period after which they were folded in
+        (:func:`staleness`: all of it where none was told), less :data:`MIN_T` standard errors. The saving of each
+        averaging period is the waited period's seconds less the overlapped one's at the same place in the cycle,
+        averaged over the ranks (what their noise shares, as where they wait for each other, stays in it); its noise is
+        read from the periods of the same place (a bridge saves more than a rack's average, which is no noise).
+        Returns the decision on the averages but the global ones (None where the first look lets the trial go on).
 
-        ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where no kind's places
-        saved their share of their waited periods in that cycle (the final rule could then keep overlap only where
-        the second cycle saved far more than the first; unsure is off); else None, the trial goes on.
+        ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where the others' places
+        saved less than their share of their waited periods in that cycle (unsure is off), the fragments decided on
+        what was timed; else None, the trial goes on.
         """
         periods = np.asarray(gathered, dtype=float)[:, :2 * self.blocks].reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
-        global_places, others = self._kinds()
-        # The share of their waited periods each kind must save: a global average's fragments are folded in a step
-        # after they start, not a period: so much less staleness to pay for.
-        fragments_gain = self.min_gain * GLOBAL_FOLD_STEPS / self.period
+        others = self._kinds()[1]
         # The others are folded in once done: on a host whose cores are free, a step or two after they start.
         folds = self._folds_of(gathered)
         stale = staleness(folds, self.period)
         self.staleness = stale if folds[:, 1].sum() > 0 else math.nan
         others_gain = self.min_gain * stale / self.period
-        kinds = [(list(places), gain) for places, gain in ((global_places, fragments_gain), (others, others_gain))
-                 if places]
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
             # The first overlapped cycle holds each place once, set against the waited periods of the same place.
             first = by_place - overlapped[:, :self.cycle].mean(axis=0)
-            if any(first[places].sum() >= gain * by_place[places].sum() for places, gain in kinds):
+            if others and first[list(others)].sum() >= others_gain * by_place[list(others)].sum():
                 return None
             self.gain = _shorter(overlapped[:, :self.cycle], waited)
-            self.decided, self.early, self.global_fragments = False, True, 0
+            self.decided, self.early = False, True
+            self._keep_fragments(periods)
             return False
         self.gain = _shorter(overlapped, waited)
         saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
         freedom = saved.size - self.cycle
         variance = ((saved - saved.mean(axis=0)) ** 2).sum() / freedom if freedom > 0 else math.inf
-
-        def saves(places, gain, errors):
-            # A gain of ``gain`` of the places' waited periods: what they saved a cycle, less ``errors`` standard
-            # errors.
-            if not places or not math.isfinite(self.gain):
-                return False
-            places = list(places)
-            error = math.sqrt(len(places) * variance / saved.shape[0])
-            return saved[:, places].sum(axis=1).mean() - errors * error >= gain * by_place[places].sum()
-
-        if global_places and not saves(global_places, fragments_gain, 0.0):
-            self.global_fragments = 0
-        self.decided = bool(saves(others, others_gain, MIN_T))
+        self._keep_fragments(periods)
+        if not others or not math.isfinite(self.gain):
+            self.decided = False
+            return False
+        places = list(others)
+        error = math.sqrt(len(places) * variance / saved.shape[0])
+        self.decided = bool(saved[:, places].sum(axis=1).mean() - MIN_T * error >= others_gain * by_place[places].sum())
         return self.decided
+
+    def _keep_fragments(self, periods):
+        """Keep the global averages' fragments, which the probe chose, unless they cost more than the route beyond the
+        noise (:data:`MIN_T` standard errors; :meth:`decide`); else the route (:attr:`global_fragments` 0). Where the
+        route goes through the racks its price is what the probe priced its bridge at and a rack's average, waited for
+        (the route averages in the racks, then across, then in the racks again), :attr:`route_cost` from here on; else
+        the ring. A bound from below: the route's three ops also wait for each other; unsure stays with the probe."""
+        if not self.global_fragments:
+            return
+        self.exposure, rack, error = self._exposed(np.concatenate([periods[:, 0, :], periods[:, 1, :]], axis=1))
+        if self.through_racks and math.isfinite(rack):
+            self.route_cost = self._bridge + rack
+        if not self.exposure - MIN_T * error <= self.route_cost:
+            self.global_fragments = 0
 
     @property
     def overlapping(self):
@@ -444,8 +462,8 @@ class OverlapTrial:
 
     def fragments_at(self, step):
         """In how many fragments ``step``'s global average, if it has one, goes in flight (:meth:`decide_globals`,
-        :meth:`decide`): none in the waited half and before it; 0: through the racks."""
-        return self.global_fragments if self.decided is not None or step >= self.first + self.length else 0
+        :meth:`decide`): none before the probe; 0: through the racks."""
+        return self.global_fragments
 
     def rule_out(self):
         """Overlap cannot run here (sparse averaging in use, which every rank agreed on): off, no trial."""
@@ -462,8 +480,10 @@ class OverlapTrial:
             flight = "over every rank, in flight" + (f", in {self.global_fragments} fragments"
                                                      if self.global_fragments > 1 else "")
             waited, cost = ("through the racks", "the route") if self.through_racks else ("waited", "one waited")
-            way = (f"; global averages {flight if self.globals_in_flight else waited}"
-                   f": {cost} cost {self.route_cost:.3g} s, a local step {self.local_step:.3g} s")
+            exposed = f", the fragments {self.exposure:.2g} s" if math.isfinite(self.exposure) else ""
+            way = (f"; global averages {flight if self.globals_in_flight else waited}: a fragment's ring "
+                   f"{self.probe:.2g} s, {cost} priced {self.route_cost:.2g} s{exposed}, a local step "
+                   f"{self.local_step:.3g} s")
         kinds = ""
         if self.decided != self.overlapping:
             kinds = ", the global averages' fragments only"

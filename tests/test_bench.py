@@ -545,14 +545,14 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
 def test_the_default_decides_overlap_by_a_trial_alike_on_every_rank():
     """4 emulated hosts of one rank: the swap's overlap=None runs the trial of both ways after its first
     averaging period and every rank takes the same decision (at its first look or at its last step); on the
-    sensed racks, whose route is "auto", the waited half chose the global averages' way, and logged it. The
+    sensed racks, whose route is "auto", the probe chose the global averages' way, and logged it. The
     ranks' models are equal after synchronize_models() (tests/workers/torch_overlap_hosts.py)."""
     outputs = _on_four_hosts_in_two_racks("torch_overlap_hosts.py", "dssync-default", timeout=120)
     decided = [[line for line in out.splitlines() if line.startswith("OVERLAP ")] for out in outputs]
     assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
     (logged,) = [line for line in outputs[0].splitlines() if line.startswith("LOGGED ")]
-    assert re.search(r"global averages (over every rank, in flight(, in \d+ fragments)?|through the racks): the route "
-                     r"cost", logged), logged
+    assert re.search(r"global averages (over every rank, in flight(, in \d+ fragments)?|through the racks): a "
+                     r"fragment's ring [\d.e-]+ s, the route priced", logged), logged
 
 
 @needs_namespaces

@@ -4,11 +4,12 @@ timed on this rank's steps, its figures gathered once over the optimizer's ranks
 The traced step reads the way of each average from :attr:`OverlapChoice.overlapped` (a variable), so one
 traced ``train_function`` serves the trial's waited steps, its overlapped ones and the decision; the step's
 end (``tf.py_function``) times the step and sets the variable for the next one. The global averages have no
-route through the racks here: waited, each is the ring over every rank; the waited half chooses in how many
-fragments they go in flight (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`), and the overlapped half
-keeps them in flight or not on their own, as in the PyTorch adapter.
+route through the racks here: waited, each is the ring over every rank; a probe after the set-up period chooses in
+how many fragments they go in flight (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`), and the trial keeps
+them in flight or not on their own, as in the PyTorch adapter.
 """
 import logging
+import time
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -75,7 +76,8 @@ class OverlapChoice:
     def end_step(self, step, shapes, dtype):
         """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's first look and
         its last step, gather every rank's figures over the optimizer's process set and decide (a collective,
-        at the same step everywhere); before each half's first global average, warm its way (``shapes``: the
+        at the same step everywhere); after the set-up period, probe the global averages' way, choose it and warm it
+        (where the probe chose the ring waited for, before the waited half's first global average; ``shapes``: the
         averaged variables', of ``dtype``); set the way of the next step's average."""
         return tf.py_function(lambda step: self._end_step(int(step), shapes, dtype.as_numpy_dtype),
                               [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
@@ -85,15 +87,28 @@ class OverlapChoice:
             return hvd.allgather(tf.constant(figures), name=f"{self.name}_overlap_trial",
                                  process_set=self.process_set, ignore_name_scope=True).numpy()
 
-        def warm(fragments):
-            # One op of zeros of what the way sends over every rank, untimed: the whole model waited, else the
-            # first fragment (on the bench a way's first global average cost more than the next).
+        def allreduce(fragments, name):
+            # Zeros of the first of that many fragments of the model (its whole where 1).
             elements = sum(b - a for _, a, b in row_fragments(shapes, max(1, fragments))[0])
-            hvd.allreduce(tf.zeros([elements], dtype), op=hvd.Sum, name=f"{self.name}_overlap_warm",
+            hvd.allreduce(tf.zeros([elements], dtype), op=hvd.Sum, name=f"{self.name}_overlap_{name}",
                           process_set=self.process_set, ignore_name_scope=True)
 
+        def warm(fragments):
+            # The way's first op, untimed: the whole model's ring waited, else the first fragment's (on the bench a
+            # way's first global average cost more than the next).
+            allreduce(fragments, "warm")
+
+        def probe(fragments):
+            # One fragment's ring, timed after an untimed one and a tiny op every rank leaves together.
+            allreduce(fragments, "probe_warm")
+            hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"{self.name}_overlap_together", process_set=self.process_set,
+                          ignore_name_scope=True)
+            started = time.perf_counter()
+            allreduce(fragments, "probe")
+            return time.perf_counter() - started
+
         local = self.plan.action(step).kind == LOCAL
-        if self.trial.step_ended(step, gather, local, warm) is not None and self.process_set.rank() == 0:
+        if self.trial.step_ended(step, gather, local, warm, probe=probe) is not None and self.process_set.rank() == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         self.overlapped.assign(self.way_at(step + 1))
         return True

@@ -95,7 +95,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             (its three averages would each wait for the one before).
             None (the default): in a job of several hosts, decided by a
             trial after the warm-up, on where it makes the steps shorter (``hvd_dssync.overlap``; off on one
-            host, with a lossy compression, sparse averaging or the adaptive policy); its waited half also
+            host, with a lossy compression, sparse averaging or the adaptive policy); a probe before it
             decides whether the global averages go through the racks, waited for, or over every rank, in
             flight, in as many fragments as hide behind a step each (``hvd_dssync.fragments.global_fragments``).
             False: every average is waited for.

@@ -104,7 +104,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         trial = runs_trial(config.overlap, compression is not hvd.Compression.none, plan.adaptive is not None,
                            scope.world_size, hvd.size() > hvd.local_size())
         # Where the schedule's global averages may go through the racks or over every rank at once ("auto"),
-        # the trial's waited half chooses (routes_global_averages: the route waited for, or one op in flight).
+        # the trial's probe chooses (routes_global_averages: the route waited for, or one op in flight).
         choose = (routes_global_averages(plan.schedule, "PyTorch")
                   and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
         self._overlap_choice = OverlapChoice(self._name, plan, choose, self._registry) if trial else None

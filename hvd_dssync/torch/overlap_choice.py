@@ -1,6 +1,7 @@
 """The default's choice of overlap in the PyTorch adapter (``overlap=None``): the trial of :mod:`hvd_dssync.overlap`
 timed on this rank's steps, its figures gathered once over the optimizer's ranks."""
 import logging
+import time
 
 import horovod.torch as hvd
 import torch
@@ -9,7 +10,7 @@ from ..fragments import fragment_ranges
 from ..overlap import OverlapTrial
 from . import collectives
 
-__all__ = ["OverlapChoice", "warm_way"]
+__all__ = ["OverlapChoice", "probe_ring", "warm_fragment", "warm_route"]
 
 log = logging.getLogger("hvd_dssync")
 
@@ -22,9 +23,10 @@ class OverlapChoice:
         plan: the optimizer's :class:`hvd_dssync.plan.SyncPlan` (the warm-up, the averaging period, and the
             schedule's cycle of averages).
         choose_globals: the global averages may go through the racks or over every rank at once (the route is
-            ``"auto"``): the trial's waited half decides which (:meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
-        registry: the schedule's process sets (the route's sets, warmed before each half's first global average
-            is timed: :func:`warm_way`).
+            ``"auto"``): the trial decides which from a probe before its waited half (:func:`probe_ring`,
+            :meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
+        registry: the schedule's process sets (the route's sets, warmed before the waited half's first global average
+            where the probe chose the route, :func:`warm_route`; else the fragments', :func:`warm_fragment`).
 
     Example::
 
@@ -32,7 +34,7 @@ class OverlapChoice:
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         averaging.global_fragments = choice.global_fragments_at(step)
         done = averaging.average_model(world, action, step)   # the step
-        choice.end_step(world, step, local, tensors, done)  # an allgather at the waited half's end, the look, the end
+        choice.end_step(world, step, local, tensors, done)  # an allgather after the set-up, at the look, at the end
     """
 
     def __init__(self, name, plan, choose_globals=False, registry=None):
@@ -54,34 +56,57 @@ class OverlapChoice:
     def end_step(self, world, step, local, tensors, done=None):
         """Time the step (``local``: one with no average; ``done``: what its average did, a fold of an average in
         flight among it: :meth:`hvd_dssync.overlap.OverlapTrial.note_fold`); where the trial is due, gather every
-        rank's figures over the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`);
-        where it warms a way of the global averages, warm it (:func:`warm_way`; ``tensors()``: the tensors an average
-        sends). Returns the decision on overlap taken at this step, or None."""
+        rank's figures over the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`),
+        after the set-up period from a probe of the global averages' way (:func:`probe_ring`; ``tensors()``: the
+        tensors an average sends); where it warms a way, warm it (:func:`warm_fragment`, :func:`warm_route`). Returns
+        the decision on overlap taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()
 
         def warm(fragments):
-            warm_way(world, f"{self.name}.warm", step, tensors(), self.registry, fragments)
+            if fragments:
+                warm_fragment(world, f"{self.name}.warm", tensors(), fragments)
+            else:
+                warm_route(world, f"{self.name}.warm", step, tensors(), self.registry)
 
-        decided = self.trial.step_ended(step, gather, local, warm, None if done is None else done.folded)
+        def probe(fragments):
+            return probe_ring(world, f"{self.name}.probe", tensors(), fragments)
+
+        decided = self.trial.step_ended(step, gather, local, warm, None if done is None else done.folded, probe)
         if decided is not None and world.scope.rank == 0:
             log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
         return decided
 
 
-def warm_way(world, name, step, tensors, registry, fragments):
-    """One op of zeros on the sets a way of the global averages sends across the racks, of the size it sends there,
-    every rank of the optimizer at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`). ``fragments``: 0,
-    the route's op across the racks after ``step`` (a speaker's of the model's size of ``tensors``, every other
-    rank's a tiny one in its group of the bridge step, as the route's: every rank issues as many ops), then a tiny
-    one over the optimizer's ranks; else one fragment of a global average in that many, over them."""
+def probe_ring(world, name, tensors, fragments):
+    """The seconds of one ring over the optimizer's ranks of the first of ``fragments`` fragments of the model
+    (``tensors``), of zeros, on every rank at the same step: after an untimed one (a set's first op of a size costs
+    more than the next) and a tiny op that every rank leaves together (a rank that entered later would time less)."""
     sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
-    if fragments:
-        first = sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0])  # what the first fragment sends
-        collectives.allreduce_(torch.zeros(first, dtype=dtype), name=f"{name}.fragment", op=hvd.Sum,
-                               process_set=world.process_set)
-        return
+    zeros = torch.zeros(sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0]), dtype=dtype)
+    collectives.allreduce_(zeros, name=f"{name}.warm", op=hvd.Sum, process_set=world.process_set)
+    collectives.allreduce_(torch.zeros(1), name=f"{name}.together", op=hvd.Sum, process_set=world.process_set)
+    started = time.perf_counter()
+    collectives.allreduce_(zeros, name=f"{name}.ring", op=hvd.Sum, process_set=world.process_set)
+    return time.perf_counter() - started
+
+
+def warm_fragment(world, name, tensors, fragments):
+    """One op of zeros of the first of ``fragments`` fragments of the model (``tensors``) over the optimizer's ranks,
+    every rank at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`)."""
+    sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
+    first = sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0])
+    collectives.allreduce_(torch.zeros(first, dtype=dtype), name=f"{name}.fragment", op=hvd.Sum,
+                           process_set=world.process_set)
+
+
+def warm_route(world, name, step, tensors, registry):
+    """One op of zeros on the route's set across the racks after ``step``, of the size it sends there, every rank of
+    the optimizer at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`): a speaker's of the model's size
+    of ``tensors``, every other rank's a tiny one in its group of the bridge step, as the route's (every rank issues
+    as many ops), then a tiny one over the optimizer's ranks."""
+    sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
     plan = world.plan
     route = next(filter(None, (plan.global_route(s) for s in range(step + 1, step + 1 + plan.policy.global_every))),
                  None)

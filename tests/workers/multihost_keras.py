@@ -1,7 +1,7 @@
 """One rank of a Keras job across emulated hosts of several ranks each, launched by horovodrun or mpirun.
 
 As multihost_torch.py: Horovod's host layout, the default's racks from the hosts, each step's group means
-inside one traced ``fit``, training, and consensus after synchronize_models.
+inside one traced ``fit`` (waited for), training, and consensus after synchronize_models.
 """
 import sys
 
@@ -21,11 +21,13 @@ STEPS = RACK_GLOBAL_EVERY + 4  # the default averages in the racks on racks, acr
 
 layout, hosts = common.check_host_layout(hvd, hvd_tf.allgather_object, SLOTS)
 
-# Group means with the defaults, inside fit: every rank starts at its rank; lr 0 leaves only the averaging.
+# Group means with the defaults, every average waited for (the default's trial sends the global averages in flight from
+# the end of its set-up period on: tests/workers/keras_overlap_hosts.py), inside fit: every rank starts at its rank;
+# lr 0 leaves only the averaging.
 model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2)])
 for v in model.variables:
     v.assign(tf.fill(v.shape, float(RANK)))
-opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0))
+opt = dss.DistributedOptimizer(tf.keras.optimizers.SGD(0.0), overlap=False)
 model.compile(optimizer=opt, loss="mse")
 sensed = common.check_sensed_hosts(opt._dssync.sensed, SIZE, SLOTS)
 plan, values, history = opt._dssync.plan, [float(r) for r in range(SIZE)], []

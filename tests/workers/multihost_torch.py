@@ -1,9 +1,9 @@
 """One rank of a PyTorch job across emulated hosts of several ranks each, launched by horovodrun or mpirun.
 
 Checks Horovod's host layout, that DS-Sync with its defaults finds the racks (each host, or with a second
-argument that many racks of hosts, measured) and averages each
-step in exactly the groups its schedule names, that training runs, and that synchronize_models ends in
-consensus. Every check raises on failure, so a failing rank fails the launch.
+argument that many racks of hosts, measured) and, its averages waited for, averages each step in exactly the
+groups its schedule names, that training runs (the defaults: its trial of overlap too), and that
+synchronize_models ends in consensus. Every check raises on failure, so a failing rank fails the launch.
 """
 import sys
 
@@ -22,9 +22,12 @@ RACKS = int(sys.argv[2]) if len(sys.argv) > 2 else None  # racks of hosts behind
 
 layout, hosts = common.check_host_layout(hvd, hvd.allgather_object, SLOTS)
 
-# Group means with the defaults: every rank starts at its rank; lr 0 leaves only the averaging.
+# Group means with the defaults, every average waited for (the default's trial sends the global averages in flight from
+# the end of its set-up period on, folded in over the steps after: tests/workers/torch_overlap_hosts.py): every rank
+# starts at its rank; lr 0 leaves only the averaging.
 model = rank_valued(torch.nn.Linear(3, 2), RANK)
-opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters())
+opt = dss.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters(),
+                               overlap=False)
 sensed = common.check_sensed_hosts(opt.sensed, SIZE, SLOTS, RACKS)
 # The default averages inside the racks on racks, and across them in its global average.
 plan, values, steps, crossing = opt._plan, [float(r) for r in range(SIZE)], RACK_GLOBAL_EVERY + 4, []
