@@ -201,8 +201,9 @@ class OverlapTrial:
         self.through_racks = bool(through_racks)
         self.global_fragments = 0  # the global averages in flight, in this many fragments (0: the route)
         self._setup = []  # the set-up period's local steps' seconds: a local step, for decide_globals
-        self.probe = self.route_cost = self.local_step = math.nan  # what decide_globals weighed
+        self.probe = self.local_step = math.nan  # what decide_globals weighed
         self._bridge = math.nan  # what the probe priced the route's bridge at
+        self._rack = 0.0  # what a rack's average waited for cost, where the route goes through the racks (decide)
         self.exposure = math.nan  # what the fragments left exposed a global average (decide)
         self._last_end = None  # when the step before ended (step_ended)
         self._folds = np.zeros(2)  # the overlapped half's averages in flight but the global ones: steps, how many
@@ -351,10 +352,16 @@ class OverlapTrial:
         self.probe = float(np.median(rows[:, 0])) if np.isfinite(rows[:, 0]).all() else math.nan
         self.local_step = float(np.median(rows[:, 1])) if np.isfinite(rows[:, 1]).all() else math.nan
         share = 2.0 * (self.world_size - 1) / self.world_size if self.through_racks and self.world_size > 1 else 1.0
-        self.route_cost = self._bridge = self.probe * self.period / share
-        self.global_fragments = global_fragments(self.route_cost, self.local_step, self.world_size, self.period,
+        self._bridge = self.probe * self.period / share
+        self.global_fragments = global_fragments(self._bridge, self.local_step, self.world_size, self.period,
                                                  self.through_racks, IN_FLIGHT_HEADROOM)
         return self.global_fragments
+
+    @property
+    def route_cost(self):
+        """What the route costs a global average by the probe: its bridge (:meth:`decide_globals`), and once
+        :meth:`decide` timed one, a rack's average waited for (where the route goes through the racks)."""
+        return self._bridge + self._rack
 
     @property
     def globals_in_flight(self):
@@ -442,15 +449,14 @@ class OverlapTrial:
 
     def _keep_fragments(self, periods):
         """Keep the global averages' fragments, which the probe chose, unless they cost more than the route beyond the
-        noise (:data:`MIN_T` standard errors; :meth:`decide`); else the route (:attr:`global_fragments` 0). Where the
-        route goes through the racks its price is what the probe priced its bridge at and a rack's average, waited for
-        (the route averages in the racks, then across, then in the racks again), :attr:`route_cost` from here on; else
-        the ring. A bound from below: the route's three ops also wait for each other; unsure stays with the probe."""
+        noise (:data:`MIN_T` standard errors; :meth:`decide`); else the route (:attr:`global_fragments` 0). The route's
+        price (:attr:`route_cost`) takes in a rack's average where it goes through the racks (it averages in the racks,
+        then across, then in them again): a bound from below (its three ops also wait for each other)."""
         if not self.global_fragments:
             return
         self.exposure, rack, error = self._exposed(np.concatenate([periods[:, 0, :], periods[:, 1, :]], axis=1))
         if self.through_racks and math.isfinite(rack):
-            self.route_cost = self._bridge + rack
+            self._rack = rack
         if not self.exposure - MIN_T * error <= self.route_cost:
             self.global_fragments = 0
 

@@ -83,12 +83,10 @@ def probe_ring(world, name, tensors, fragments):
     """The seconds of one ring over the optimizer's ranks of the first of ``fragments`` fragments of the model
     (``tensors``), of zeros, on every rank at the same step: after an untimed one (a set's first op of a size costs
     more than the next) and a tiny op that every rank leaves together (a rank that entered later would time less)."""
-    sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
-    zeros = torch.zeros(sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0]), dtype=dtype)
-    collectives.allreduce_(zeros, name=f"{name}.warm", op=hvd.Sum, process_set=world.process_set)
+    warm_fragment(world, f"{name}.warm", tensors, fragments)
     collectives.allreduce_(torch.zeros(1), name=f"{name}.together", op=hvd.Sum, process_set=world.process_set)
     started = time.perf_counter()
-    collectives.allreduce_(zeros, name=f"{name}.ring", op=hvd.Sum, process_set=world.process_set)
+    warm_fragment(world, f"{name}.ring", tensors, fragments)
     return time.perf_counter() - started
 
 
