@@ -14,7 +14,7 @@ HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.15.1
 CACHE="${HVD_DSSYNC_CACHE:-$HOME/.cache/hvd_dssync}"
-HOROVOD_PATCH=patch10  # raise with every change to the build's patches: a venv with another build is rebuilt
+HOROVOD_PATCH=patch11  # raise with every change to the build's patches: a venv with another build is rebuilt
 # The patches' own hash too: a patch edited without a new level still rebuilds.
 PATCH_HASH=$(cat "$ROOT/scripts/patch_sources.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT"/scripts/patches/*.patch | sha1sum | cut -c1-8)
 WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-tf$TF_VERSION-$HOROVOD_PATCH-$PATCH_HASH"

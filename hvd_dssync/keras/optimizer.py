@@ -18,7 +18,7 @@ import weakref
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .. import build
+from .. import build, horovod_loop
 from ..config import config_of, warn_num_groups
 from ..fragments import forced_fragments
 from ..plan import check_horovod_arguments
@@ -354,6 +354,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise TypeError(f"Arg ``optimizer`` must be a Keras optimizer, got {type(optimizer).__name__}.")
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
+    horovod_loop.set_idle_cycle()  # Horovod's loop sleeps between DS-Sync's ops (docs/build.md)
     warn_num_groups(num_groups)  # Horovod's fusion groups, DS-Sync's groups here: docs/faq.md
     in_process_set = scope.world_size != hvd.size()
     # DS-Sync's own arguments, checked before any communication (hvd_dssync.config.config_of).

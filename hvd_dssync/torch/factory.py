@@ -8,7 +8,7 @@ import warnings
 import horovod.torch as hvd
 import torch
 
-from .. import build
+from .. import build, horovod_loop
 from ..config import config_of, warn_num_groups
 from ..guards import check_nccl_process_sets
 from ..plan import SyncPlan, check_horovod_arguments, routes_global_averages
@@ -132,6 +132,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
     """
     scope = check_horovod_arguments(hvd, op, gradient_predivide_factor, backward_passes_per_step, process_set)
     build.warn_once(hvd.rank())  # rank 0 says once what another Horovod build lacks
+    horovod_loop.set_idle_cycle()  # Horovod's loop sleeps between DS-Sync's ops (docs/build.md)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"Arg ``optimizer`` must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
     warn_num_groups(num_groups)  # Horovod's fusion groups, DS-Sync's groups here: docs/faq.md
