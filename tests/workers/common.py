@@ -112,6 +112,21 @@ def expect_error(kind, words, build):
 
 # What DS-Sync must do, computed on the side: scalar models, every rank starting at its own rank.
 
+def check_idle_loop(horovod_loop):
+    """After an optimizer was built, Horovod's loop on this rank waits its idle cycle (10 ms) between ops: at most
+    150 cycles in a second with nothing to do, where at Horovod's own cycle (1 ms) it runs hundreds under Gloo
+    (patch level 11; under MPI its cycles take about as long as an idle one, so only Gloo jobs check)."""
+    if os.environ.get("HVD_DSSYNC_TEST_LAUNCHER") != "gloo":
+        return
+    import time
+
+    before = horovod_loop.loop_cycles()
+    check(before is not None, "Horovod was built without patch level 11 (an idle loop that sleeps)")
+    time.sleep(1.0)
+    cycles = horovod_loop.loop_cycles() - before
+    check(cycles <= 150, f"Horovod's loop ran {cycles} cycles in 1 s idle after the optimizer was built")
+
+
 def step_groups(plan, step, size):
     """The kind of ``plan``'s step and the groups of global ranks that average at it (none at a step without
     an average): a group step averages in the groups of the schedule's step ``plan.policy.schedule_step``."""

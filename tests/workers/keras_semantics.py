@@ -11,8 +11,8 @@ import horovod.tensorflow.keras as hvd
 import hvd_dssync.keras as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import numpy as np
 import tensorflow as tf
-from common import behaviour, check, check_alike, expect_error, expected_values, fail
-from hvd_dssync import SyncConfig
+from common import behaviour, check, check_alike, check_idle_loop, expect_error, expected_values, fail
+from hvd_dssync import SyncConfig, horovod_loop
 from hvd_dssync.schedules import Shuffle
 
 hvd.init()
@@ -274,6 +274,7 @@ def main():
             ("backward_passes_per_step, legacy optimizer", lambda: check_backward_passes(
                 tf.keras.optimizers.legacy.SGD(0.1), "passes, legacy optimizer")),
         ]
+    checks.append(("Horovod's loop idle between averages", lambda: check_idle_loop(horovod_loop)))
     checks.append(("a script's unnamed ops, again", user_unnamed_ops))
     for name, run_checks in checks:
         with behaviour(name):

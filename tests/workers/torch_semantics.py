@@ -10,8 +10,8 @@ import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss  # before hvd.init(): plain hvd.init() must allow process sets
 import torch
-from common import behaviour, check, check_alike, expected_values, fail
-from hvd_dssync import SyncConfig
+from common import behaviour, check, check_alike, check_idle_loop, expected_values, fail
+from hvd_dssync import SyncConfig, horovod_loop
 
 RANK = SIZE = None
 
@@ -286,6 +286,7 @@ def main():
                 ("policies", check_policies),
                 ("outer momentum", check_outer_momentum),
             ]
+    checks.append(("Horovod's loop idle between averages", lambda: check_idle_loop(horovod_loop)))
     checks.append(("a script's unnamed ops after DS-Sync's", user_unnamed_ops))
     for name, run_checks in checks:
         with behaviour(name):
