@@ -94,8 +94,8 @@ class OverlapChoice:
                           process_set=self.process_set, ignore_name_scope=True)
 
         def warm(fragments):
-            # The way's first op, untimed: the whole model's ring waited, else the first fragment's (on the bench a
-            # way's first global average cost more than the next).
+            # The fragments' first op, untimed: the first fragment's (on the bench a first fold cost more than the
+            # next).
             allreduce(fragments, "warm")
 
         def probe(fragments):

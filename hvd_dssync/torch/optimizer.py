@@ -107,7 +107,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # the trial's probe chooses (routes_global_averages: the route waited for, or one op in flight).
         choose = (routes_global_averages(plan.schedule, "PyTorch")
                   and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
-        self._overlap_choice = OverlapChoice(self._name, plan, choose, self._registry) if trial else None
+        self._overlap_choice = OverlapChoice(self._name, plan, choose) if trial else None
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()

@@ -10,7 +10,7 @@ from ..fragments import fragment_ranges
 from ..overlap import OverlapTrial
 from . import collectives
 
-__all__ = ["OverlapChoice", "probe_ring", "warm_fragment", "warm_route"]
+__all__ = ["OverlapChoice", "probe_ring", "warm_fragment"]
 
 log = logging.getLogger("hvd_dssync")
 
@@ -25,22 +25,19 @@ class OverlapChoice:
         choose_globals: the global averages may go through the racks or over every rank at once (the route is
             ``"auto"``): the trial decides which from a probe before its waited half (:func:`probe_ring`,
             :meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
-        registry: the schedule's process sets (the route's sets, warmed before the waited half's first global average
-            where the probe chose the route, :func:`warm_route`; else the fragments', :func:`warm_fragment`).
 
     Example::
 
-        choice = OverlapChoice("dssync.0", plan, choose_globals=True, registry=registry)
+        choice = OverlapChoice("dssync.0", plan, choose_globals=True)
         averaging.overlap = choice.overlap_at(step, sparse_in_use)
         averaging.global_fragments = choice.global_fragments_at(step)
         done = averaging.average_model(world, action, step)   # the step
         choice.end_step(world, step, local, tensors, done)  # an allgather after the set-up, at the look, at the end
     """
 
-    def __init__(self, name, plan, choose_globals=False, registry=None):
+    def __init__(self, name, plan, choose_globals=False):
         self.name = name
         self.trial = OverlapTrial.of(plan, choose_globals)
-        self.registry = registry
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""
@@ -58,17 +55,14 @@ class OverlapChoice:
         flight among it: :meth:`hvd_dssync.overlap.OverlapTrial.note_fold`); where the trial is due, gather every
         rank's figures over the optimizer's process set and decide (:meth:`hvd_dssync.overlap.OverlapTrial.step_ended`),
         after the set-up period from a probe of the global averages' way (:func:`probe_ring`; ``tensors()``: the
-        tensors an average sends); where it warms a way, warm it (:func:`warm_fragment`, :func:`warm_route`). Returns
+        tensors an average sends); where it warms the fragments, warm them (:func:`warm_fragment`). Returns
         the decision on overlap taken at this step, or None."""
         def gather(figures):
             return hvd.allgather(torch.from_numpy(figures), name=f"{self.name}.overlap",
                                  process_set=world.process_set).numpy()
 
         def warm(fragments):
-            if fragments:
-                warm_fragment(world, f"{self.name}.warm", tensors(), fragments)
-            else:
-                warm_route(world, f"{self.name}.warm", step, tensors(), self.registry)
+            warm_fragment(world, f"{self.name}.warm", tensors(), fragments)
 
         def probe(fragments):
             return probe_ring(world, f"{self.name}.probe", tensors(), fragments)
@@ -97,21 +91,3 @@ def warm_fragment(world, name, tensors, fragments):
     first = sum(b - a for _, a, b in fragment_ranges(sizes, fragments)[0])
     collectives.allreduce_(torch.zeros(first, dtype=dtype), name=f"{name}.fragment", op=hvd.Sum,
                            process_set=world.process_set)
-
-
-def warm_route(world, name, step, tensors, registry):
-    """One op of zeros on the route's set across the racks after ``step``, of the size it sends there, every rank of
-    the optimizer at the same step (:meth:`hvd_dssync.overlap.OverlapTrial.warms`): a speaker's of the model's size
-    of ``tensors``, every other rank's a tiny one in its group of the bridge step, as the route's (every rank issues
-    as many ops), then a tiny one over the optimizer's ranks."""
-    sizes, dtype = [t.numel() for t in tensors], tensors[0].dtype
-    plan = world.plan
-    route = next(filter(None, (plan.global_route(s) for s in range(step + 1, step + 1 + plan.policy.global_every))),
-                 None)
-    across = None if route is None else registry.get(world.scope.to_global(route.group))
-    if across is not None:
-        collectives.allreduce_(torch.zeros(sum(sizes) if route.speaks else 1, dtype=dtype),
-                               name=f"{name}.across.{across.process_set_id}", op=hvd.Sum, process_set=across)
-        # Every rank leaves the warm together: the others would start the waited half a model's crossing ahead of
-        # the speakers and wait for them in its first route, timed (1.5-2.0 s on the bench, 1.0-1.4 s unwarmed).
-        collectives.allreduce_(torch.zeros(1), name=f"{name}.together", op=hvd.Sum, process_set=world.process_set)
