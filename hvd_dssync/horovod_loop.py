@@ -16,6 +16,8 @@ import ctypes
 import math
 import os
 
+from .process_sets import horovod_library
+
 __all__ = ["IDLE_CYCLE_ENV", "IDLE_CYCLE_MS", "idle_cycle_ms", "set_idle_cycle", "loop_cycles"]
 
 IDLE_CYCLE_ENV = "HVD_DSSYNC_IDLE_CYCLE_MS"
@@ -50,19 +52,11 @@ def idle_cycle_ms(environ=None):
     return ms
 
 
-def _loaded():
-    """Horovod's loaded common library (the framework's ``mpi_lib``), or None before ``hvd.init``."""
-    from horovod.common import process_sets as common
-
-    return getattr(getattr(common, "_basics", None), "MPI_LIB_CTYPES", None)
-
-
 def set_idle_cycle(ms=None):
     """Set this rank's idle cycle to ``ms`` milliseconds (None: :func:`idle_cycle_ms`; 0: Horovod's pacing). Returns
     whether the build could (patch level 11; after ``hvd.init``)."""
     ms = idle_cycle_ms() if ms is None else float(ms)
-    library = _loaded()
-    setter = getattr(library, "horovod_set_idle_cycle_time_ms", None)
+    setter = getattr(horovod_library(), "horovod_set_idle_cycle_time_ms", None)
     if setter is None:
         return False
     setter.argtypes, setter.restype = [ctypes.c_double], ctypes.c_int
@@ -71,7 +65,7 @@ def set_idle_cycle(ms=None):
 
 def loop_cycles():
     """How many cycles Horovod's loop has run on this rank (None: a build without patch level 11)."""
-    counter = getattr(_loaded(), "horovod_loop_cycles", None)
+    counter = getattr(horovod_library(), "horovod_loop_cycles", None)
     if counter is None:
         return None
     counter.argtypes, counter.restype = [], ctypes.c_longlong

@@ -273,8 +273,8 @@ class OverlapTrial:
         every rank): overlap at the look and the last step; at the set-up period's last step the global averages'
         way, from ``gather(probe_figures(probe(fragments)))`` (``probe``: the adapter's seconds of one ring over the
         optimizer's ranks of the first of that many fragments of the model, after an untimed one; none: unsure, the
-        route). Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op on the way's sets, every rank at
-        the same step), untimed. Returns the decision on overlap taken at this step, or None."""
+        route). Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op of the first of that many fragments,
+        every rank at the same step), untimed. Returns the decision on overlap taken at this step, or None."""
         now = time.perf_counter()
         if self._last_end is not None:
             self.note(step, now - self._last_end, local)
@@ -302,8 +302,8 @@ class OverlapTrial:
 
             >>> trial = OverlapTrial(start=0, period=8, cycle=4, globals_at=(2, 6), world_size=4)
             >>> warmed = lambda: [(s, trial.warms(s)) for s in range(140) if trial.warms(s) is not None]
-            >>> route = warmed(); trial.global_fragments = 6   # then the probe chose 6 fragments
-            >>> route, warmed()
+            >>> waited = warmed(); trial.global_fragments = 6   # then the probe chose 6 fragments
+            >>> waited, warmed()
             ([], [(7, 6)])
         """
         if not self.globals_at or self.decided is not None or not self.global_fragments:

@@ -32,7 +32,8 @@ import threading
 import time
 
 __all__ = ["ProcessSetRegistry", "registry_for", "DYNAMIC_ENV", "ORDERED_ENV", "enable_dynamic_process_sets",
-           "use_static_process_sets", "elastic_job", "ordered_sets_enabled", "mark_ordered"]
+           "use_static_process_sets", "elastic_job", "ordered_sets_enabled", "mark_ordered",
+           "horovod_library"]
 
 DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
 ORDERED_ENV = "HVD_DSSYNC_ORDERED_SETS"  # "0": every set negotiated, as on a build without patch level 9
@@ -96,6 +97,15 @@ def ordered_sets_enabled(environ=None):
     return environ.get(ORDERED_ENV, "1") not in ("0", "")
 
 
+def horovod_library():
+    """Horovod's loaded common library (the framework's ``mpi_lib``, through ctypes), or None where no framework
+    has loaded it: where the build's C functions are looked up (:func:`mark_ordered`,
+    :mod:`hvd_dssync.horovod_loop`)."""
+    from horovod.common import process_sets as common
+
+    return getattr(getattr(common, "_basics", None), "MPI_LIB_CTYPES", None)
+
+
 def mark_ordered(process_set, ordered=True):
     """Mark Horovod's ``process_set`` ordered (or not): its CPU allreduces skip the negotiation and run on the
     set's executor as issued, each checked first against the other members' (a header of names, dtypes and
@@ -108,10 +118,7 @@ def mark_ordered(process_set, ordered=True):
 
         mark_ordered(hvd.add_process_set([0, 1]))   # True on the project's build, on ranks 0 and 1
     """
-    from horovod.common import process_sets as common
-
-    library = getattr(getattr(common, "_basics", None), "MPI_LIB_CTYPES", None)
-    set_ordered = getattr(library, "horovod_process_set_set_ordered", None)
+    set_ordered = getattr(horovod_library(), "horovod_process_set_set_ordered", None)
     if set_ordered is None:
         return False
     return set_ordered(int(process_set.process_set_id), int(bool(ordered))) == 1

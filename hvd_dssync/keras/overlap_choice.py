@@ -76,9 +76,9 @@ class OverlapChoice:
     def end_step(self, step, shapes, dtype):
         """An op: time the step ``step`` (a tensor) from the end of the one before; at the trial's first look and
         its last step, gather every rank's figures over the optimizer's process set and decide (a collective,
-        at the same step everywhere); after the set-up period, probe the global averages' way, choose it and warm it
-        (where the probe chose the ring waited for, before the waited half's first global average; ``shapes``: the
-        averaged variables', of ``dtype``); set the way of the next step's average."""
+        at the same step everywhere); after the set-up period, probe the global averages' way, choose it, and warm
+        the fragments where it chose them (``shapes``: the averaged variables', of ``dtype``); set the way of the next
+        step's average."""
         return tf.py_function(lambda step: self._end_step(int(step), shapes, dtype.as_numpy_dtype),
                               [tf.cast(step, tf.int64)], tf.bool, name=f"{self.name}_overlap_trial")
 
@@ -88,8 +88,8 @@ class OverlapChoice:
                                  process_set=self.process_set, ignore_name_scope=True).numpy()
 
         def allreduce(fragments, name):
-            # Zeros of the first of that many fragments of the model (its whole where 1).
-            elements = sum(b - a for _, a, b in row_fragments(shapes, max(1, fragments))[0])
+            # Zeros of the first of that many fragments of the model.
+            elements = sum(b - a for _, a, b in row_fragments(shapes, fragments)[0])
             hvd.allreduce(tf.zeros([elements], dtype), op=hvd.Sum, name=f"{self.name}_overlap_{name}",
                           process_set=self.process_set, ignore_name_scope=True)
 
