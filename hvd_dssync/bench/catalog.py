@@ -28,6 +28,7 @@ DSSYNC_CONTENDERS = {
     "dssync-default-overlap": ("default", False),
     "dssync-default-overlap-p8": ("default", False),
     "dssync-default-overlap-r4": ("default", False),
+    "dssync-default-r4": ("default", False),
     "dssync-default-overlap-f8": ("default", False),
     "dssync-topology-local-dynamic": ("topology", True),
     # The topology-aware schedule at other periods than ``--local-period`` (the default's period chosen by
@@ -93,20 +94,25 @@ DEFAULT = "dssync-default"
 # (HVD_DSSYNC_ORDERED_SETS=0: the groups' sets are not marked ordered); "-resense": the racks are sensed again
 # when the averages across the network change cost (HVD_DSSYNC_RESENSE=1: hvd_dssync.resense); "-overlap-f8"
 # (with ``overlap=True`` below): each global average in flight in 8 fragments, one a step through the period
-# (HVD_DSSYNC_GLOBAL_FRAGMENTS=8: hvd_dssync.fragments.global_fragments).
+# (HVD_DSSYNC_GLOBAL_FRAGMENTS=8: hvd_dssync.fragments.global_fragments); "-overlap-r4" likewise in 4, one a step
+# through its period of 4.
 DEFAULT_VARIANTS = {"dssync-default-loop": {"HOROVOD_PROCESS_SETS_ASYNC": "0"},
                     "dssync-default-negotiated": {"HVD_DSSYNC_ORDERED_SETS": "0"},
                     "dssync-default-resense": {"HVD_DSSYNC_RESENSE": "1"},
-                    "dssync-default-overlap-f8": {"HVD_DSSYNC_GLOBAL_FRAGMENTS": "8"}}
+                    "dssync-default-overlap-f8": {"HVD_DSSYNC_GLOBAL_FRAGMENTS": "8"},
+                    "dssync-default-overlap-r4": {"HVD_DSSYNC_GLOBAL_FRAGMENTS": "4"}}
 # The plain swap with arguments more: "-overlap": ``overlap=True``, every average behind the local steps from
 # the first (no trial); "-overlap-p8": the same in the rhythm of the hierarchical averager at p = 8 (the rack
 # every 4 steps, every rank every 16) instead of the default's 8 and 32; "-overlap-r4": the racks every 4
-# steps, every rank every 32 as the default (a rack's models drift half as far; on 4 ranks of 2 cores its
-# step was no shorter than waited, docs/CHANGELOG.md). None names a schedule: each senses the racks, as the
-# swap does (a schedule option would name one, and sense nothing).
+# steps, every rank every 32 as the default (a rack's models drift half as far between averages, which hide
+# behind the steps where the cores are free: docs/gpu.md); "-r4": the same rhythm with the trial deciding, as the
+# swap with ``average_every=4`` (the static headline's steps then cost 1.3x: why 8 stays the default on racks,
+# docs/gpu.md). None names a schedule: each senses the racks, as the swap does (a schedule option would name one,
+# and sense nothing).
 DEFAULT_ARGUMENTS = {"dssync-default-overlap": {"overlap": True},
                      "dssync-default-overlap-p8": {"overlap": True, "average_every": 4, "global_every": 16},
                      "dssync-default-overlap-r4": {"overlap": True, "average_every": 4, "global_every": 32},
+                     "dssync-default-r4": {"average_every": 4},
                      "dssync-default-overlap-f8": {"overlap": True}}
 # Horovod's own bulk-synchronous contenders: ``hvd.DistributedOptimizer``, an allreduce of the gradients
 # on every step. "horovod-hierarchical" is the same optimizer with Horovod's hierarchical allreduce as a
