@@ -22,7 +22,7 @@ from .sensing import AUTO, Sensed, names_schedule
 from .topology import Topology
 
 __all__ = ["SyncConfig", "config_of", "HorovodArgumentWarning", "warn_num_groups", "default_average_every",
-           "default_rack_rhythm", "RACK_AVERAGE_EVERY", "RACK_GLOBAL_EVERY", "FLAT_AVERAGE_EVERY"]
+           "default_rack_rhythm", "quickens_racks", "RACK_AVERAGE_EVERY", "RACK_GLOBAL_EVERY", "FLAT_AVERAGE_EVERY"]
 
 # ``average_every`` where DS-Sync picks the schedule itself and it is the topology-aware one (racks sensed or
 # given): a rack's average every this many steps, local steps between (docs/tuning.md has the measurements).
@@ -65,6 +65,21 @@ def default_average_every(average_every, schedule_given, schedule, policy=None, 
     if schedule == "topology":
         return RACK_AVERAGE_EVERY
     return FLAT_AVERAGE_EVERY if flat_hosts else 1
+
+
+def quickens_racks(average_every, schedule_given, schedule, policy=None):
+    """Whether the default's trial may halve the racks' period where their averages hide
+    (:mod:`hvd_dssync.rhythm`): ``average_every`` was not given and DS-Sync picked the rhythm on racks
+    (:func:`default_average_every`'s :data:`RACK_AVERAGE_EVERY`). A period given is kept.
+
+    Example::
+
+        >>> quickens_racks(None, None, "topology"), quickens_racks(8, None, "topology")
+        (True, False)
+        >>> quickens_racks(None, None, "shuffle"), quickens_racks(None, "topology", "topology")
+        (False, False)
+    """
+    return average_every is None and _picks_the_rhythm(schedule_given, policy) and schedule == "topology"
 
 
 def default_rack_rhythm(global_every, schedule_options, schedule_given, schedule, policy=None, routes=True):

@@ -63,16 +63,17 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     return min(max(fitting, math.ceil(headroom * need - 1e-9)), most)
 
 
-def fragment_count(count, average_every):
+def fragment_count(count, steps):
     """How many fragments a global average goes in, given ``count`` (the trial's or the forced one): at most one a
-    step until the next average, ``average_every`` steps on (1 or less: whole).
+    step until the next average, ``steps`` steps on (:meth:`hvd_dssync.policy.Policy.steps_to_next_average`; 1 or
+    less: whole).
 
     Example::
 
         >>> fragment_count(8, 8), fragment_count(12, 8), fragment_count(0, 8)
         (8, 8, 0)
     """
-    return min(int(count), int(average_every))
+    return min(int(count), int(steps))
 
 
 def fragment_ranges(sizes, count, rows=None):

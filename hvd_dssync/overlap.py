@@ -34,9 +34,10 @@ import time
 import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS, global_fragments
+from .rhythm import quickened_every, staleness
 
 __all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
-           "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
+           "quickened_every", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
 MIN_GAIN = 0.05  # overlap must shorten the mean step by this share to be kept,
@@ -133,22 +134,6 @@ def global_places(plan, first, period, blocks):
                  if any(plan.action(s).kind == GLOBAL for s in range(first + k * period, first + (k + 1) * period)))
 
 
-def staleness(folds, period):
-    """After how many steps the overlapped half folded in its averages in flight but the global ones, from every
-    rank's ``(steps summed, averages)`` (:meth:`OverlapTrial.note_fold`): the largest of the ranks' means, at least
-    ``GLOBAL_FOLD_STEPS``, at most ``period``; ``period`` where no rank folded one in (unsure: as late as the next
-    average, the latest an average in flight may be folded in).
-
-    Example::
-
-        >>> staleness([[3, 3], [4, 3]], 8), staleness([[30, 3]], 8), staleness([[0, 0], [0, 0]], 8)
-        (1.3333333333333333, 8.0, 8.0)
-    """
-    folds = np.asarray(folds, dtype=float).reshape(-1, 2)
-    means = [steps / count for steps, count in folds if count > 0]
-    return float(min(max(max(means), GLOBAL_FOLD_STEPS), period)) if means else float(period)
-
-
 def _shorter(overlapped, waited):
     """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones (NaN: nothing timed)."""
     return 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
@@ -209,19 +194,24 @@ class OverlapTrial:
         self._last_end = None  # when the step before ended (step_ended)
         self._folds = np.zeros(2)  # the overlapped half's averages in flight but the global ones: steps, how many
         self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
+        self.quickens = False  # the period is the default's: the racks may average more often where they hide
+        self.racks_every = None  # decide: the racks' period from the next cycle on, where quickened (rhythm)
 
     @classmethod
-    def of(cls, plan, choose_globals=False, through_racks=True):
+    def of(cls, plan, choose_globals=False, through_racks=True, quickens=False):
         """The trial of an optimizer's :class:`hvd_dssync.plan.SyncPlan` (or of anything with its ``policy``,
         ``schedule`` and ``action``, as both adapters' optimizers have): after its warm-up, one period per
         average, whole cycles of its averages' kinds (:func:`averages_cycle`). ``choose_globals``: the global
-        averages may go either way (:meth:`decide_globals`), waited (``through_racks`` or not) or in flight."""
+        averages may go either way (:meth:`decide_globals`), waited (``through_racks`` or not) or in flight.
+        ``quickens``: the averaging period is the default's, which :meth:`decide` may halve
+        (:mod:`hvd_dssync.rhythm`)."""
         policy = plan.policy
         trial = cls(policy.warmup_steps, policy.average_every,
                     averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every),
                     world_size=plan.schedule.world_size, through_racks=through_racks)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
+        trial.quickens = bool(quickens)
         return trial
 
     @property
@@ -409,6 +399,8 @@ class OverlapTrial:
         averaging period is the waited period's seconds less the overlapped one's at the same place in the cycle,
         averaged over the ranks (what their noise shares, as where they wait for each other, stays in it); its noise is
         read from the periods of the same place (a bridge saves more than a rack's average, which is no noise).
+        Where the trial :attr:`quickens` and the others were folded in within a quarter of their period, the racks
+        average twice as often from the next cycle, in flight (:attr:`racks_every`: :mod:`hvd_dssync.rhythm`).
         Returns the decision on the averages but the global ones (None where the first look lets the trial go on).
 
         ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where the others' places
@@ -422,6 +414,8 @@ class OverlapTrial:
         folds = self._folds_of(gathered)
         stale = staleness(folds, self.period)
         self.staleness = stale if folds[:, 1].sum() > 0 else math.nan
+        # Where they hid (folded in within a quarter of the period), the racks average twice as often, in flight.
+        self.racks_every = quickened_every(folds, self.period) if self.quickens else None
         others_gain = self.min_gain * stale / self.period
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
@@ -430,20 +424,21 @@ class OverlapTrial:
             if others and first[list(others)].sum() >= others_gain * by_place[list(others)].sum():
                 return None
             self.gain = _shorter(overlapped[:, :self.cycle], waited)
-            self.decided, self.early = False, True
+            self.decided, self.early = self.racks_every is not None, True
             self._keep_fragments(periods)
-            return False
+            return self.decided
         self.gain = _shorter(overlapped, waited)
         saved = (waited - overlapped).mean(axis=0).reshape(-1, self.cycle)  # a row per cycle, a column per place
         freedom = saved.size - self.cycle
         variance = ((saved - saved.mean(axis=0)) ** 2).sum() / freedom if freedom > 0 else math.inf
         self._keep_fragments(periods)
         if not others or not math.isfinite(self.gain):
-            self.decided = False
-            return False
+            self.decided = self.racks_every is not None
+            return self.decided
         places = list(others)
         error = math.sqrt(len(places) * variance / saved.shape[0])
-        self.decided = bool(saved[:, places].sum(axis=1).mean() - MIN_T * error >= others_gain * by_place[places].sum())
+        self.decided = bool(saved[:, places].sum(axis=1).mean() - MIN_T * error >= others_gain * by_place[places].sum()
+                            or self.racks_every is not None)
         return self.decided
 
     def _keep_fragments(self, periods):
@@ -495,5 +490,7 @@ class OverlapTrial:
         change = f"{self.gain:.0%} shorter" if self.gain >= 0 else f"{-self.gain:.0%} longer"
         stale = (f"; the others folded in {self.staleness:.2g} step{'' if self.staleness == 1 else 's'} late"
                  if math.isfinite(self.staleness) else "")
+        if self.racks_every is not None:
+            stale += f": the racks every {self.racks_every} steps from the next cycle"
         return (f"overlap {'on' if self.overlapping else 'off'}{kinds} "
                 f"(the overlapped steps {change}{cycle}{way}{stale})")

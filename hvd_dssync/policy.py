@@ -59,11 +59,37 @@ class Policy:
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
         self.global_every = _positive_int("global_every", global_every, 0)
         self.average_every = _positive_int("average_every", average_every, 1)
+        self.since = None  # quickened: (the step from which average_every holds, the policy before it)
+
+    def quickened(self, step, average_every):
+        """This policy until the first step from ``step`` on where its pattern of kinds starts again (a whole
+        :meth:`period` after the warm-up), then the group averages every ``average_every`` steps, a divisor of
+        this policy's: the global averages and the schedule's order of groups go on as they were. Returns the
+        new policy (its :attr:`since` holds where it starts); its :meth:`config` is this one's, as built.
+
+        Example::
+
+            >>> p = Policy(warmup_steps=1, average_every=4, global_every=8).quickened(3, 2)
+            >>> p.since[0], [p.action(t) for t in range(1, 17)][8:]
+            (9, ['local', 'group', 'local', 'group', 'local', 'group', 'local', 'global'])
+            >>> [p.schedule_step(t) for t in (12, 14)], p.steps_to_next_average(9)
+            ([3, 4], 1)
+        """
+        every = _positive_int("average_every", average_every, 1)
+        if self.since is not None or self.average_every % every:
+            raise ValueError(f"Arg ``average_every``: {every} must divide the policy's {self.average_every}, once")
+        period = self.period()
+        start = self.warmup_steps + -(-max(0, step - self.warmup_steps) // period) * period
+        policy = Policy(self.warmup_steps, self.global_every, every)
+        policy.since = (start, self)
+        return policy
 
     def action(self, step):
+        if self.since is not None and step < self.since[0]:
+            return self.since[1].action(step)
         if step < self.warmup_steps:
             return BSP
-        s = step - self.warmup_steps + 1
+        s = step - (self.warmup_steps if self.since is None else self.since[0]) + 1
         if self.global_every and s % self.global_every == 0:
             return GLOBAL
         if s % self.average_every == 0:
@@ -86,13 +112,37 @@ class Policy:
             >>> [p.schedule_step(t) for t in (0, 2, 4)]
             [0, 1, 2]
         """
+        if self.since is not None:
+            start, before = self.since
+            if step < start:
+                return before.schedule_step(step)
+            return before.schedule_step(start) + self._group_averages(step - start)
         if step < self.warmup_steps:
             return step
-        done = step - self.warmup_steps  # steps of the averaging phase before this one
+        return self.warmup_steps + self._group_averages(step - self.warmup_steps)
+
+    def _group_averages(self, done):
+        """The group averages among ``done`` steps of the rhythm (from the warm-up's end, or where it was
+        quickened)."""
         group_averages = done // self.average_every
         if self.global_every:
             group_averages -= done // self.period()
-        return self.warmup_steps + group_averages
+        return group_averages
+
+    def steps_to_next_average(self, step):
+        """How many steps after ``step`` the next one that averages comes (a group or a global average): what a
+        global average in fragments may take, a fragment a step (:func:`hvd_dssync.fragments.fragment_count`).
+
+        Example::
+
+            >>> p = Policy(average_every=4, global_every=8)
+            >>> p.steps_to_next_average(3), p.steps_to_next_average(7), p.steps_to_next_average(5)
+            (4, 4, 2)
+        """
+        for ahead in range(1, self.period() + 1):
+            if self.action(step + ahead) != LOCAL:
+                return ahead
+        return self.period()
 
     def period(self):
         """Steps after which the pattern of kinds repeats (after the warm-up).
@@ -105,6 +155,8 @@ class Policy:
         return math.lcm(self.average_every, self.global_every or 1)
 
     def config(self):
+        if self.since is not None:
+            return self.since[1].config()
         return {"warmup_steps": self.warmup_steps, "global_every": self.global_every,
                 "average_every": self.average_every}
 

@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import build, horovod_loop
-from ..config import config_of, warn_num_groups
+from ..config import config_of, quickens_racks, warn_num_groups
 from ..fragments import forced_fragments
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
@@ -378,7 +378,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if model is not None and not isinstance(model, tf.keras.Model):
         raise TypeError(f"Arg ``model`` must be a tf.keras.Model, got {type(model).__name__}.")
     # topology="auto": the racks sensed once per job (hvd_dssync.sensing), or None where there is one rack.
+    requested = config
     config, sensed = config.resolve(default_topology, job_topology, in_process_set, routes=False)
+    # Where DS-Sync picked the racks' period, the trial of overlap may halve it (hvd_dssync.rhythm).
+    quickens = quickens_racks(requested.average_every, requested.schedule, config.schedule, requested.policy)
     op_name = name or f"DSSync{type(optimizer).__name__}"
     if scope.outside:
         # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first
@@ -396,7 +399,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          device_dense=device_dense, name=op_name, config=config,
                          scope=scope if in_process_set else None,
                          process_set=process_set if in_process_set else hvd.global_process_set,
-                         global_fragments=fragments)
+                         global_fragments=fragments, quickens=quickens)
     step_sync.sensed = None if sensed is None else sensed.to_dict()  # what topology="auto" found, and its cost
     options = {"op": str(op), "gradient_predivide_factor": gradient_predivide_factor,
                "sparse_as_dense": sparse_as_dense, "average_non_trainable": config.average_buffers,

@@ -254,7 +254,7 @@ class OverlappedAveraging:
         (``fragments_at(step)``, at most one a step until the next average); if so, they begin here."""
         if branch != GLOBAL_BRANCH or switch.plan.action(step).kind != GLOBAL:
             return False
-        count = fragment_count(self.fragments_at(step), switch.plan.policy.average_every)
+        count = fragment_count(self.fragments_at(step), switch.plan.policy.steps_to_next_average(step))
         if count > 1:
             shapes = [tuple(v.shape) for v in variables]
             self._fragments = Fragments(step, row_fragments(shapes, count), switch.process_set, row_sizes(shapes))

@@ -31,6 +31,9 @@ class OverlapChoice:
         plan: the optimizer's :class:`hvd_dssync.plan.SyncPlan` (the warm-up, the averaging period, and the
             schedule's cycle of averages).
         process_set: the optimizer's Horovod process set (the ranks that decide together).
+        quicken: where the racks' period is the default's, what halves it where the trial found that their averages
+            hide (``trial.racks_every``: :mod:`hvd_dssync.rhythm`): ``quicken(step, every)`` from the plan's next
+            cycle after ``step``, eagerly on every rank; it returns what to call at the end of each step after.
 
     Example::
 
@@ -40,11 +43,12 @@ class OverlapChoice:
         choice.end_step(step, shapes, dtype)                             # after it (a tensor; an op)
     """
 
-    def __init__(self, name, plan, process_set):
+    def __init__(self, name, plan, process_set, quicken=None):
         self.name = name
         self.plan = plan
         self.process_set = process_set
-        self.trial = OverlapTrial.of(plan, choose_globals=True, through_racks=False)
+        self.trial = OverlapTrial.of(plan, choose_globals=True, through_racks=False, quickens=quicken is not None)
+        self.quicken, self._quickened = quicken, None
         # Created eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
             self.overlapped = tf.Variable(self.way_at(0), trainable=False, name="dssync_overlapped")
@@ -108,7 +112,12 @@ class OverlapChoice:
             return time.perf_counter() - started
 
         local = self.plan.action(step).kind == LOCAL
-        if self.trial.step_ended(step, gather, local, warm, probe=probe) is not None and self.process_set.rank() == 0:
-            log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
+        if self.trial.step_ended(step, gather, local, warm, probe=probe) is not None:
+            if self.process_set.rank() == 0:
+                log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
+            if self.trial.racks_every is not None and self.quicken is not None:
+                self._quickened = self.quicken(step + 1, self.trial.racks_every)
+        if self._quickened is not None:
+            self._quickened(step)
         self.overlapped.assign(self.way_at(step + 1))
         return True

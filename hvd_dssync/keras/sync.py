@@ -22,6 +22,7 @@ world size (same arguments, same op names) and connects again; a graph traced fo
 with a clear error instead of using process sets that no longer exist.
 """
 import itertools
+import logging
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -43,6 +44,8 @@ from .step_guard import StepGuard
 from .switch import KEEP_BRANCH, Switch
 
 __all__ = ["StepSync", "make_plan", "skip_instance"]
+
+log = logging.getLogger("hvd_dssync")
 
 # Numbers the StepSync objects of this process: every rank builds them in the same order (their process
 # sets are registered collectively), so two optimizers in one step never share a Horovod op name.
@@ -79,7 +82,7 @@ class StepSync:
 
     def __init__(self, plan, compression=hvd.Compression.none, op=hvd.Average, gradient_predivide_factor=1.0,
                  sparse_as_dense=False, device_dense="", name="DSSync", config=None, scope=None,
-                 process_set=hvd.global_process_set, global_fragments=1):
+                 process_set=hvd.global_process_set, global_fragments=1, quickens=False):
         self.compression = compression
         self.process_set = process_set
         self.config = config
@@ -107,7 +110,9 @@ class StepSync:
         trial = config is not None and not elastic_job() and runs_trial(
             config.overlap, compression is not hvd.Compression.none, config.adaptive() is not None, plan.world_size,
             hvd.size() > hvd.local_size())
-        self.choice = OverlapChoice(self.name, plan, process_set) if trial else None
+        # Where DS-Sync picked the racks' period (quickens), the trial may halve it (hvd_dssync.rhythm).
+        quicken = self._quicken if quickens else None
+        self.choice = OverlapChoice(self.name, plan, process_set, quicken) if trial else None
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
         # A global average in flight goes in as many fragments as the trial chose, or as given (overlap=True).
         fragments_at = self.choice.fragments_at if trial else lambda step: global_fragments
@@ -119,6 +124,11 @@ class StepSync:
         with tf.init_scope():
             self._adopted = tf.Variable(False, trainable=False, name="dssync_step_adopted")
         self._use(plan)
+        # The trial may change the rhythm of the branches (_quicken): then they are read from a variable.
+        self._rhythm = None
+        if self.choice is not None and quickens:
+            with tf.init_scope():
+                self._rhythm = tf.Variable(self._table, trainable=False, name="dssync_rhythm")
         watch_until_exit(self)
 
     # --- the plan, its process sets and the ranks' agreement ----------------------------------
@@ -268,13 +278,31 @@ class StepSync:
         period = policy.period() * len(schedule.partitions(0))
         return np.array([self.switch.branch_of(self.plan.action(start + i)) for i in range(period)], dtype=np.int32)
 
+    def _quicken(self, step, every):
+        """The racks' period from the plan's next cycle after ``step`` on, as the trial halved it (every rank at the
+        same step, eagerly): the table of branches of the steps from there, as long as the one in force (its
+        period a multiple of the new one's), each at the place ``branch`` reads for its step. Returns a function
+        that puts it in force at the end of a step: before its first step, and only there."""
+        start, length, warmup = self.plan.quicken(step, every), len(self._table), self.plan.policy.warmup_steps
+        steps = [start + (warmup + i - start) % length for i in range(length)]
+        table = np.array([self.switch.branch_of(self.plan.action(t)) for t in steps], dtype=np.int32)
+        if self.process_set.rank() == 0:
+            log.info(f"hvd_dssync: the racks average every {every} steps from step {start}")
+
+        def at_end_of(ended):
+            if ended + 1 == start:
+                self._table = table
+                self._rhythm.assign(table)
+        return at_end_of
+
     def branch(self, step):
         """The switch branch of ``step`` (an integer tensor), computed in the graph."""
         step = tf.cast(step, tf.int64)
         warmup = self.plan.policy.warmup_steps
         offset = tf.math.floormod(tf.maximum(step - warmup, 0), len(self._table))
         window = self.adaptive.window
-        table = tf.constant(self._table) if window is None else window.read_value()
+        table = tf.constant(self._table) if window is None and self._rhythm is None else (
+            (window if window is not None else self._rhythm).read_value())
         branch = tf.gather(table, offset)
         if warmup:
             branch = tf.where(step < warmup, tf.constant(KEEP_BRANCH, tf.int32), branch)

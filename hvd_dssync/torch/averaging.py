@@ -229,10 +229,9 @@ class Averaging:
         # A global average on racks goes in flight where it does not take the route (global_fragments), the
         # others where overlap is on: the trial may keep the global averages' fragments alone.
         in_flight = bool(self.global_fragments) if route is not None else self.overlap
-        if in_flight and self._fragmented(world, action, tensors, bridge):
-            self._fragments = Fragments(action, step, process_set, name,
-                                         fragment_ranges([t.numel() for t in tensors], self._fragment_count(world)),
-                                         [t.numel() for t in tensors])
+        if in_flight and self._fragmented(world, action, step, tensors, bridge):
+            ranges = fragment_ranges([t.numel() for t in tensors], self._fragment_count(world, step))
+            self._fragments = Fragments(action, step, process_set, name, ranges, [t.numel() for t in tensors])
             self._send_fragment(world, step)
             return finished
         if in_flight:
@@ -270,16 +269,16 @@ class Averaging:
                     sparse_rows=sum(len(index) for _, index, _ in writes),
                     folded=None if finished is None else finished.folded)
 
-    def _fragmented(self, world, action, tensors, bridge):
-        """Whether ``action``'s average goes in fragments (:attr:`global_fragments`): a global one of a plain model
-        (no bridge, no outer step, no rows: those fold a whole model), its tensors each one block of memory."""
-        return (action.kind == GLOBAL and self._fragment_count(world) > 1 and bridge is None
+    def _fragmented(self, world, action, step, tensors, bridge):
+        """Whether ``action``'s average at ``step`` goes in fragments (:attr:`global_fragments`): a global one of a
+        plain model (no bridge, no outer step, no rows: those fold a whole model), each tensor one block of memory."""
+        return (action.kind == GLOBAL and self._fragment_count(world, step) > 1 and bridge is None
                 and not self.outer.momentum and self.sparse.row_sets is None
                 and self.compression is hvd.Compression.none and all(t.is_contiguous() for t in tensors))
 
-    def _fragment_count(self, world):
-        """How many fragments a global average goes in: at most a step each until the next average."""
-        return fragment_count(self.global_fragments, world.plan.policy.average_every)
+    def _fragment_count(self, world, step):
+        """How many fragments ``step``'s global average goes in: at most a step each until the next average."""
+        return fragment_count(self.global_fragments, world.plan.policy.steps_to_next_average(step))
 
     def _send_fragment(self, world, step):
         """Send the fragment of the global average in fragments that is due at ``step`` (every rank of the scope

@@ -20,6 +20,7 @@ notices it (this rank, the world size or the registered process sets changed), r
 the new world, checks again that all ranks agree, and continues from rank 0's step.
 """
 import contextlib
+import logging
 import os
 import warnings
 import weakref
@@ -51,6 +52,8 @@ from .warmup import average_gradients
 
 __all__ = ["DSSyncOptimizer"]
 
+log = logging.getLogger("hvd_dssync")
+
 
 class DSSyncOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by :func:`DistributedOptimizer`: Horovod's interface, the step's
@@ -62,7 +65,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set, config, plan, model, scope, sensed=None,
-                 resensing=None):
+                 resensing=None, quickens=False):
         super(self.__class__, self).__init__(params)
         self._named_parameters = named_parameters
         # Horovod's attributes, read by scripts and by Horovod's own tests.
@@ -107,7 +110,8 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # the trial's probe chooses (routes_global_averages: the route waited for, or one op in flight).
         choose = (routes_global_averages(plan.schedule, "PyTorch")
                   and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
-        self._overlap_choice = OverlapChoice(self._name, plan, choose) if trial else None
+        # Where DS-Sync picked the racks' period, the trial may halve it (hvd_dssync.rhythm).
+        self._overlap_choice = OverlapChoice(self._name, plan, choose, quickens) if trial else None
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -240,8 +244,10 @@ class DSSyncOptimizer(torch.optim.Optimizer):
                 self.last_sync = dict(self.last_sync or {"step": step, "kind": action.kind},
                                       decision=decision.as_dict())
         if self._overlap_choice is not None:
-            self._overlap_choice.end_step(world, step, action.kind == LOCAL,
-                                          lambda: [t for _, t in self._averaging.tensors()], done)
+            decided = self._overlap_choice.end_step(world, step, action.kind == LOCAL,
+                                                    lambda: [t for _, t in self._averaging.tensors()], done)
+            if decided is not None:
+                self._quicken(step + 1)
         self._synchronized = False
         self.sync_step += 1
         return loss
@@ -371,6 +377,15 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self.sync_step = self._check_ranks_agree(with_step=True)
         self._take_state(0, with_step=False)  # a newcomer's decision is rank 0's, as its step
 
+    def _quicken(self, step):
+        """The racks' period from ``step`` on, where the trial halved it (:mod:`hvd_dssync.rhythm`): from the plan's
+        next cycle (every rank at the same step)."""
+        every = None if self._overlap_choice is None else self._overlap_choice.trial.racks_every
+        if every is not None:
+            start = self._plan.quicken(step, every)
+            if self._scope.rank == 0:
+                log.info(f"hvd_dssync: the racks average every {every} steps from step {start}")
+
     def _follow_network(self, config):
         """Train on ``config`` from the next step on (the racks sensed again: :mod:`.resensing`), or go on as
         before where it is None. Every rank follows at the same step: the registry's changes are collectives."""
@@ -380,6 +395,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         leaving = self._plan.leave_window()
         self._config = config
         self._plan = SyncPlan.from_config(self._scope.rank, self._scope.world_size, config)
+        self._quicken(self.sync_step + 1)
         self._averaging.follow_schedule()
         self._averaging.enter_window(self._world(), self.sync_step + 1)  # registered ahead: no collective
         self._registry.release(leaving)

@@ -25,6 +25,8 @@ class OverlapChoice:
         choose_globals: the global averages may go through the racks or over every rank at once (the route is
             ``"auto"``): the trial decides which from a probe before its waited half (:func:`probe_ring`,
             :meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
+        quickens: the racks' period is the default's: the trial may halve it where their averages hide
+            (``trial.racks_every``: :mod:`hvd_dssync.rhythm`), which the optimizer's plan then follows.
 
     Example::
 
@@ -35,9 +37,9 @@ class OverlapChoice:
         choice.end_step(world, step, local, tensors, done)  # an allgather after the set-up, at the look, at the end
     """
 
-    def __init__(self, name, plan, choose_globals=False):
+    def __init__(self, name, plan, choose_globals=False, quickens=False):
         self.name = name
-        self.trial = OverlapTrial.of(plan, choose_globals)
+        self.trial = OverlapTrial.of(plan, choose_globals, quickens=quickens)
 
     def overlap_at(self, step, sparse_in_use):
         """Whether ``step``'s average is overlapped; sparse averaging (agreed alike on every rank) rules it out."""

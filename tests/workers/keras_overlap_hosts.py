@@ -6,7 +6,8 @@ Each rank's gradient is a constant of its own (``rank + 1``), so after ``synchro
 hold the mean of what each rank computed, whatever the trial chose. The trial runs four times: its decision
 forced on, then off, then the racks' averages off and the global ones in fragments (the way a trial ends is
 timing's; each must fold in what is in flight exactly: off, the next waited average folds in the last overlapped
-one first), then as measured; every rank prints the last.
+one first), then as measured; every rank prints the last. The first two halve the racks' period from the next
+cycle (hvd_dssync.rhythm: forced), the table of branches switched between two steps, in flight then waited.
 """
 import re
 
@@ -21,11 +22,12 @@ LR = 0.125  # a power of two: float32 sums stay exact
 decide = OverlapTrial.decide
 
 
-def train(forced, fragments=None):
+def train(forced, fragments=None, quickened=False):
     def decided(trial, gathered, early=False):
         decide(trial, gathered, early)
         if forced is not None:  # forced: no early end; the forced way at the last step
             trial.decided, trial.early = (None, False) if early else (forced, False)
+            trial.racks_every = None if early or not quickened else trial.period // 2
             if not early and fragments is not None:
                 trial.global_fragments = fragments
         return trial.decided
@@ -43,17 +45,26 @@ def train(forced, fragments=None):
         opt.apply_gradients([(gradient, kernel)])
 
     trial = OverlapTrial.of(opt)
-    last = trial.last
-    steps = last + 2 * opt.policy.average_every + 1
+    last, every = trial.last, opt.policy.average_every
+    steps = last + (opt.policy.period() if quickened else 0) + 2 * every + 1  # past a switch, two periods on
     for k in range(steps):
         assert opt.overlap is None or k > (trial.look if forced is None else last), (k, opt.overlap)
         step()
+        if quickened and forced is False and opt.policy.since is not None and k == opt.policy.since[0] + 3:
+            # The traced step follows the new rhythm: a rack's average, waited for, at the new period's first one
+            # (the old rhythm's step there is local, where the rack's models differ).
+            models = np.reshape(hvd.allgather(tf.reshape(kernel, [1, -1]), name="test_models"), [hvd.size(), -1])
+            assert opt.policy.action(k) == "group" and opt.policy.action(k - 4) != "group", k
+            group = opt.schedule.group_of(hvd.rank(), opt.policy.schedule_step(k))
+            assert len(group) == 2 and np.array_equal(models[group[0]], models[group[1]]), (k, group, models)
+    if quickened:  # every rank halved the racks' period at the same step, from the cycle after the decision
+        assert opt.policy.average_every == every // 2 and last < opt.policy.since[0] <= last + 1 + opt.policy.period()
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is (forced or bool(fragments))), \
         (forced, opt.overlap)
     assert not fragments or f"in flight, in {fragments} fragments" in opt.overlap_trial, opt.overlap_trial
     # Its overlapped half ran whole: the racks' averages it sent in flight were told to the trial as they were folded.
-    assert forced is None or re.search(r"; the others folded in [\d.]+ steps? late\)$", opt.overlap_trial), \
-        opt.overlap_trial
+    assert forced is None or re.search(r"; the others folded in [\d.]+ steps? late(: the racks every \d+ steps from "
+                                       r"the next cycle)?\)$", opt.overlap_trial), opt.overlap_trial
     said = ("overlap on (", "overlap on, the global averages' fragments only (") if opt.overlap else ("overlap off (",)
     assert forced is not None or opt.overlap_trial.startswith(said), opt.overlap_trial
     dss.synchronize_models(model)
@@ -63,7 +74,7 @@ def train(forced, fragments=None):
     return opt.overlap, last, steps
 
 
-for forced, fragments in ((True, None), (False, 0), (False, 3)):
-    train(forced, fragments)
+for forced, fragments, quickened in ((True, None, True), (False, 0, True), (False, 3, False)):
+    train(forced, fragments, quickened)
 decided, last, steps = train(None)
 print(f"OVERLAP {decided} after {steps} steps, the trial's last {last}", flush=True)

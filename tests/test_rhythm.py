@@ -1,0 +1,116 @@
+"""The racks' period where their averages hide (hvd_dssync.rhythm), and the policy that follows it
+(hvd_dssync.policy.Policy.quickened): the rule on recorded figures and on generated noisy ones."""
+import itertools
+
+import numpy as np
+import pytest
+
+from hvd_dssync.config import quickens_racks
+from hvd_dssync.overlap import OverlapTrial
+from hvd_dssync.plan import SyncPlan
+from hvd_dssync.policy import GLOBAL, GROUP, Policy
+from hvd_dssync.rhythm import quickened_every
+
+# The steps after which the default's trial folded the racks' averages in, as each bench job logged it (every rank's
+# largest mean; 4 emulated hosts of one rank, 2 racks, unless said): the accelerator's 100 ms of compute a step, the
+# same at 50 ms, the static headline (5 ms steps), 8 ranks on the 2 cores.
+ACCELERATOR = [1.4, 1.5, 1.4, 2.6, 2.0, 1.4, 2.0, 1.5, 2.0, 2.0, 1.8, 1.8, 1.8, 1.2, 1.2, 1.5, 1.3, 1.5]
+AT_50_MS = [2.0, 2.4, 2.2]
+STATIC = [5.7, 5.7, 5.8, 8.0, 5.7, 8.0, 5.7, 5.7, 5.7, 3.7, 8.0, 3.7, 5.7, 3.7, 5.7, 3.7]
+EIGHT_RANKS = [3.6, 3.2, 3.4, 3.8]
+
+
+def _rows(stale, ranks=4, folds=6):
+    return [[stale * folds, folds]] * ranks
+
+
+def test_the_racks_average_twice_as_often_where_the_recorded_trials_saw_them_hide():
+    """On the accelerator the racks' averages were folded in within 2 steps of 8 in 17 jobs of 18: the period halves
+    there; never on the static headline nor with 8 ranks on 2 cores, where they took 3.2 steps or more."""
+    assert sum(quickened_every(_rows(stale), 8) == 4 for stale in ACCELERATOR) == 17
+    assert sum(quickened_every(_rows(stale), 8) == 4 for stale in AT_50_MS) == 1
+    assert all(quickened_every(_rows(stale, ranks), 8) is None for stale, ranks in
+               itertools.chain(zip(STATIC, itertools.repeat(4)), zip(EIGHT_RANKS, itertools.repeat(8))))
+
+
+def test_the_rule_is_unsure_without_two_folds_on_every_rank():
+    assert quickened_every([[1.0, 1.0]] + [[6.0, 6.0]] * 3, 8) is None  # one rank told one fold
+    assert quickened_every(np.zeros((4, 2)), 8) is None and quickened_every(np.zeros((0, 2)), 8) is None
+    assert quickened_every(_rows(1.0), 3) is None and quickened_every(_rows(1.0), 2) is None  # odd; too short
+
+
+@pytest.mark.parametrize("weights, ranks, quickened_at_least, quickened_at_most", [
+    ((0.6, 0.3, 0.1, 0, 0, 0, 0, 0), 4, 0.85, 1.0),    # the accelerator: most folds a step after they start
+    ((0.2, 0.4, 0.3, 0.1, 0, 0, 0, 0), 4, 0.0, 0.35),  # a mean of 2.3 steps: mostly kept
+    ((0, 0, 0.3, 0.4, 0.3, 0, 0, 0), 8, 0.0, 0.0),     # 8 ranks on 2 cores: 3-5 steps
+    ((0, 0, 0, 0, 0.3, 0.4, 0.2, 0.1), 4, 0.0, 0.0)])  # the static headline: 5-8 steps
+def test_the_racks_period_under_noise(weights, ranks, quickened_at_least, quickened_at_most):
+    """Generated trials (200 each): each rank's 6 folds of the overlapped half each 1-8 steps after they started,
+    drawn at ``weights``; the period halves where every rank's mean is 2 steps or less."""
+    rng = np.random.default_rng(len(weights) * ranks + int(10 * weights[0]))
+    quickened = 0
+    for _ in range(200):
+        steps = rng.choice(np.arange(1, 9), size=(ranks, 6), p=weights)
+        quickened += quickened_every(np.stack([steps.sum(axis=1), np.full(ranks, 6)], axis=1), 8) == 4
+    assert quickened_at_least * 200 <= quickened <= quickened_at_most * 200, quickened
+
+
+def test_the_trial_quickens_only_a_period_the_default_chose():
+    """A trial whose racks saved nothing in flight keeps them waited; where it may quicken and they were folded in
+    a step and a half late, they go in flight twice as often, and it says so."""
+    waited = [1.0] * 8
+    rows = [waited + waited + [9.0, 6.0]] * 4
+    kept, quickened = OverlapTrial(0, 8, cycle=4), OverlapTrial(0, 8, cycle=4)
+    quickened.quickens = True
+    assert kept.decide(rows) is False and kept.racks_every is None
+    assert quickened.decide(rows) is True and quickened.racks_every == 4
+    assert quickened.describe().endswith("the others folded in 1.5 steps late: the racks every 4 steps from the "
+                                         "next cycle)")
+    early = OverlapTrial(0, 8, cycle=4)
+    early.quickens = True
+    assert early.decide(rows, early=True) is True and early.early and early.racks_every == 4
+
+
+def test_only_the_period_the_default_picked_on_racks_may_quicken():
+    assert quickens_racks(None, None, "topology") and not quickens_racks(8, None, "topology")
+    assert not quickens_racks(None, None, "shuffle") and not quickens_racks(None, None, "topology", "adaptive")
+
+
+@pytest.mark.parametrize("warmup, every, global_every, new, at", itertools.product(
+    (0, 1, 3), (4, 8), (0, 8, 12, 32), (1, 2, 4), (0, 5, 40)))
+def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_every, new, at):
+    """The old rhythm up to the first step from ``at`` on where its pattern starts again; from there, the new
+    period's pattern, the global averages where they were, and the schedule's groups in their order (one
+    schedule step a group average, none skipped); its configuration is the one it was built with."""
+    if every % new:
+        return
+    before = Policy(warmup, global_every, every)
+    policy = before.quickened(at, new)
+    start = policy.since[0]
+    assert start >= at and (start - warmup) % before.period() == 0 and start - at < before.period() + warmup + 1
+    assert [policy.action(t) for t in range(start)] == [before.action(t) for t in range(start)]
+    fresh = Policy(0, global_every, new)
+    assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(96)]
+    scheduled = [policy.schedule_step(t) for t in range(start + 96) if policy.action(t) == GROUP]
+    assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled)))
+    assert policy.config() == before.config()
+    assert all(policy.action(t + policy.steps_to_next_average(t)) != "local" for t in range(start, start + 40))
+
+
+def test_a_policy_quickens_once_by_a_divisor():
+    with pytest.raises(ValueError, match="must divide the policy's 8"):
+        Policy(0, 32, 8).quickened(0, 3)
+    with pytest.raises(ValueError, match="once"):
+        Policy(0, 32, 8).quickened(0, 4).quickened(0, 2)
+
+
+def test_a_plan_quickens_the_racks_and_keeps_the_global_averages():
+    plan = SyncPlan(rank=1, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]], average_every=8,
+                    global_every=32, schedule_options={"intra_steps": None})  # the default's: no bridges
+    kinds = [plan.action(t).kind for t in range(64)]
+    start = plan.quicken(10, 4)
+    assert start == 32 and [plan.action(t).kind for t in range(32)] == kinds[:32]
+    assert [t for t in range(32, 96) if plan.action(t).kind == GROUP] == [35, 39, 43, 47, 51, 55, 59, 67, 71, 75, 79,
+                                                                          83, 87, 91]
+    assert [t for t in range(96) if plan.action(t).kind == GLOBAL] == [31, 63, 95]
+    assert plan.action(35).group == (0, 1) and plan.config()["policy"]["average_every"] == 8
