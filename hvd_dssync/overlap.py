@@ -195,7 +195,7 @@ class OverlapTrial:
         self._folds = np.zeros(2)  # the overlapped half's averages in flight but the global ones: steps, how many
         self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
         self.quickens = False  # the period is the default's: the racks may average more often where they hide
-        self.racks_every = None  # decide: the racks' period from the next cycle on, where quickened (rhythm)
+        self.racks_every = None  # decide: the racks' period from the next period on, where quickened (rhythm)
 
     @classmethod
     def of(cls, plan, choose_globals=False, through_racks=True, quickens=False):
@@ -400,12 +400,12 @@ class OverlapTrial:
         averaged over the ranks (what their noise shares, as where they wait for each other, stays in it); its noise is
         read from the periods of the same place (a bridge saves more than a rack's average, which is no noise).
         Where the trial :attr:`quickens` and the others were folded in within a quarter of their period, the racks
-        average twice as often from the next cycle, in flight (:attr:`racks_every`: :mod:`hvd_dssync.rhythm`).
+        average twice as often from the next period, in flight (:attr:`racks_every`: :mod:`hvd_dssync.rhythm`).
         Returns the decision on the averages but the global ones (None where the first look lets the trial go on).
 
         ``early``: the first look, at :attr:`look`, with one overlapped cycle timed: off where the others' places
-        saved less than their share of their waited periods in that cycle (unsure is off), the fragments decided on
-        what was timed; else None, the trial goes on.
+        saved less than their share of their waited periods in that cycle (unsure is off), on where the racks
+        hid (:attr:`racks_every`), the fragments decided on what was timed; else None, the trial goes on.
         """
         periods = np.asarray(gathered, dtype=float)[:, :2 * self.blocks].reshape(-1, 2, self.blocks)
         waited, overlapped = periods[:, 0, :], periods[:, 1, :]
@@ -421,7 +421,8 @@ class OverlapTrial:
         if early:
             # The first overlapped cycle holds each place once, set against the waited periods of the same place.
             first = by_place - overlapped[:, :self.cycle].mean(axis=0)
-            if others and first[list(others)].sum() >= others_gain * by_place[list(others)].sum():
+            saved = others and first[list(others)].sum() >= others_gain * by_place[list(others)].sum()
+            if saved and self.racks_every is None:  # where the racks hide, the trial ends here, whatever they saved
                 return None
             self.gain = _shorter(overlapped[:, :self.cycle], waited)
             self.decided, self.early = self.racks_every is not None, True
@@ -491,6 +492,6 @@ class OverlapTrial:
         stale = (f"; the others folded in {self.staleness:.2g} step{'' if self.staleness == 1 else 's'} late"
                  if math.isfinite(self.staleness) else "")
         if self.racks_every is not None:
-            stale += f": the racks every {self.racks_every} steps from the next cycle"
+            stale += f": the racks every {self.racks_every} steps from the next period"
         return (f"overlap {'on' if self.overlapping else 'off'}{kinds} "
                 f"(the overlapped steps {change}{cycle}{way}{stale})")

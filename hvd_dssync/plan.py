@@ -114,17 +114,17 @@ class SyncPlan:
         return Action(kind, self.world)
 
     def quicken(self, step, average_every):
-        """Average in groups every ``average_every`` steps (a divisor of the period) from the first step from
-        ``step`` on where the policy's pattern of kinds starts again (:meth:`hvd_dssync.policy.Policy.quickened`):
-        the default's trial found that the racks' averages hide (:mod:`hvd_dssync.rhythm`). Every rank calls it
-        with the same arguments. Returns that first step.
+        """Average in groups every ``average_every`` steps (a divisor of the period) from the start of the first
+        averaging period whose last step comes after ``step`` (:meth:`hvd_dssync.policy.Policy.quickened`): the
+        default's trial found that the racks' averages hide (:mod:`hvd_dssync.rhythm`). Every rank calls it with
+        the same arguments. Returns that first step.
 
         Example::
 
             >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
             ...                 average_every=8, global_every=32)
-            >>> plan.quicken(40, 4), [plan.action(t).kind for t in (67, 71, 75, 95)]
-            (64, ['group', 'group', 'group', 'global'])
+            >>> plan.quicken(40, 4), [plan.action(t).kind for t in (47, 51, 55, 63)]
+            (48, ['group', 'group', 'group', 'global'])
         """
         if self.adaptive is not None:
             raise ValueError("the adaptive policy chooses its own periods")

@@ -62,24 +62,27 @@ class Policy:
         self.since = None  # quickened: (the step from which average_every holds, the policy before it)
 
     def quickened(self, step, average_every):
-        """This policy until the first step from ``step`` on where its pattern of kinds starts again (a whole
-        :meth:`period` after the warm-up), then the group averages every ``average_every`` steps, a divisor of
-        this policy's: the global averages and the schedule's order of groups go on as they were. Returns the
-        new policy (its :attr:`since` holds where it starts); its :meth:`config` is this one's, as built.
+        """This policy up to the first step where one of its averaging periods starts (a whole number of its
+        ``average_every`` after the warm-up) whose step before, the last of a period, comes after ``step`` (an
+        average that steps on sizes its fragments by the steps to the next one, :meth:`steps_to_next_average`),
+        then the group averages every ``average_every`` steps, a divisor of this policy's: the global averages stay
+        where they were and the schedule's groups go on in their order. Returns the new policy (its :attr:`since`
+        holds where it starts); its :meth:`config` is this one's, as built.
 
         Example::
 
             >>> p = Policy(warmup_steps=1, average_every=4, global_every=8).quickened(3, 2)
-            >>> p.since[0], [p.action(t) for t in range(1, 17)][8:]
-            (9, ['local', 'group', 'local', 'group', 'local', 'group', 'local', 'global'])
-            >>> [p.schedule_step(t) for t in (12, 14)], p.steps_to_next_average(9)
-            ([3, 4], 1)
+            >>> p.since[0], [p.action(t) for t in range(1, 17)]   # doctest: +NORMALIZE_WHITESPACE
+            (5, ['local', 'local', 'local', 'group', 'local', 'group', 'local', 'global', 'local', 'group', 'local',
+                 'group', 'local', 'group', 'local', 'global'])
+            >>> [p.schedule_step(t) for t in (4, 6, 10)], p.steps_to_next_average(6)
+            ([1, 2, 3], 2)
         """
         every = _positive_int("average_every", average_every, 1)
         if self.since is not None or self.average_every % every:
             raise ValueError(f"Arg ``average_every``: {every} must divide the policy's {self.average_every}, once")
-        period = self.period()
-        start = self.warmup_steps + -(-max(0, step - self.warmup_steps) // period) * period
+        done = max(step + 1, self.warmup_steps) - self.warmup_steps
+        start = self.warmup_steps + -(-done // self.average_every) * self.average_every
         policy = Policy(self.warmup_steps, self.global_every, every)
         policy.since = (start, self)
         return policy
@@ -89,7 +92,7 @@ class Policy:
             return self.since[1].action(step)
         if step < self.warmup_steps:
             return BSP
-        s = step - (self.warmup_steps if self.since is None else self.since[0]) + 1
+        s = step - self.warmup_steps + 1
         if self.global_every and s % self.global_every == 0:
             return GLOBAL
         if s % self.average_every == 0:
@@ -112,18 +115,18 @@ class Policy:
             >>> [p.schedule_step(t) for t in (0, 2, 4)]
             [0, 1, 2]
         """
-        if self.since is not None:
-            start, before = self.since
-            if step < start:
-                return before.schedule_step(step)
-            return before.schedule_step(start) + self._group_averages(step - start)
         if step < self.warmup_steps:
             return step
-        return self.warmup_steps + self._group_averages(step - self.warmup_steps)
+        if self.since is None:
+            return self.warmup_steps + self._group_averages(step)
+        start, before = self.since
+        if step < start:
+            return before.schedule_step(step)
+        return before.schedule_step(start) + self._group_averages(step) - self._group_averages(start)
 
-    def _group_averages(self, done):
-        """The group averages among ``done`` steps of the rhythm (from the warm-up's end, or where it was
-        quickened)."""
+    def _group_averages(self, step):
+        """The group averages of the steps from the warm-up's end to ``step`` (not included), by this rhythm."""
+        done = step - self.warmup_steps
         group_averages = done // self.average_every
         if self.global_every:
             group_averages -= done // self.period()

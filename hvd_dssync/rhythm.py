@@ -3,14 +3,13 @@ steps after which its overlapped half folded them in.
 
 A rack's average in flight runs behind the local steps that follow it and is folded in once done. Where the trial's
 overlapped half folded the racks' averages in within a quarter of their period (:data:`HIDES_WITHIN`: 2 steps of the
-default's 8), they hide behind compute with room to spare: averaging the racks twice as often, still in flight, costs
-the steps little and halves the drift of the ranks' models between their averages. On the bench's ``accelerator``
-(4 ranks in 2 racks, 100 ms of compute a step, seeds 0-2) the racks every 4 steps in flight reached 95% 1.44x sooner
-in consensus than PyTorch's hierarchical averager at p = 16, rank 0 1.13x sooner, where the racks every 8 steps left
-rank 0 later than it (docs/gpu.md). So where the default chose the period itself (``average_every`` not given), it
-halves it from the next cycle of its rhythm (:meth:`hvd_dssync.policy.Policy.quickened`), the racks' averages in
-flight; the global averages keep theirs. Where they were folded in later (the static headline: 5.7-8 steps of 8; 8
-ranks on 2 cores: 3.2-3.8) or not on every rank twice, the period stays: unsure is the period as built.
+default's 8) on every rank, they hide behind compute with room to spare: averaging the racks twice as often, still in
+flight, costs the steps little and halves the drift of the ranks' models between their averages, which is what kept
+rank 0 behind PyTorch's hierarchical averager on the bench's ``accelerator`` (docs/gpu.md has the figures). So where
+the default chose the period itself (``average_every`` not given), it halves it from its next period
+(:meth:`hvd_dssync.policy.Policy.quickened`), the racks' averages in flight, the global averages where they were; the
+trial ends at its first look where they hid. Where they were folded in later (the static headline: 5.7-8 steps of 8;
+8 ranks on 2 cores: 3.2-3.8), or not twice on every rank, the period stays: unsure is the period as built.
 
 Numpy only.
 """

@@ -65,10 +65,15 @@ def test_the_trial_quickens_only_a_period_the_default_chose():
     assert kept.decide(rows) is False and kept.racks_every is None
     assert quickened.decide(rows) is True and quickened.racks_every == 4
     assert quickened.describe().endswith("the others folded in 1.5 steps late: the racks every 4 steps from the "
-                                         "next cycle)")
-    early = OverlapTrial(0, 8, cycle=4)
+                                         "next period)")
+    early, saving = OverlapTrial(0, 8, cycle=4), OverlapTrial(0, 8, cycle=4)
     early.quickens = True
     assert early.decide(rows, early=True) is True and early.early and early.racks_every == 4
+    # Where the first overlapped cycle saved enough, the trial goes on, unless the racks hid: it ends at its look.
+    faster = [waited + [0.8] * 8 + [9.0, 6.0]] * 4
+    assert saving.decide(faster, early=True) is None
+    saving.quickens = True
+    assert saving.decide(faster, early=True) is True and saving.early and saving.racks_every == 4
 
 
 def test_only_the_period_the_default_picked_on_racks_may_quicken():
@@ -79,18 +84,18 @@ def test_only_the_period_the_default_picked_on_racks_may_quicken():
 @pytest.mark.parametrize("warmup, every, global_every, new, at", itertools.product(
     (0, 1, 3), (4, 8), (0, 8, 12, 32), (1, 2, 4), (0, 5, 40)))
 def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_every, new, at):
-    """The old rhythm up to the first step from ``at`` on where its pattern starts again; from there, the new
-    period's pattern, the global averages where they were, and the schedule's groups in their order (one
-    schedule step a group average, none skipped); its configuration is the one it was built with."""
+    """The old rhythm up to the first start of one of its periods after ``at`` + 1; from there, the new period's
+    pattern, the global averages where they were, and the schedule's groups in their order (one schedule step a
+    group average, none skipped); its configuration is the one it was built with."""
     if every % new:
         return
     before = Policy(warmup, global_every, every)
     policy = before.quickened(at, new)
     start = policy.since[0]
-    assert start >= at and (start - warmup) % before.period() == 0 and start - at < before.period() + warmup + 1
+    assert start >= at + 1 and (start - warmup) % every == 0 and start <= max(at + 1, warmup) + every - 1
     assert [policy.action(t) for t in range(start)] == [before.action(t) for t in range(start)]
-    fresh = Policy(0, global_every, new)
-    assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(96)]
+    fresh = Policy(warmup, global_every, new)
+    assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(start, start + 96)]
     scheduled = [policy.schedule_step(t) for t in range(start + 96) if policy.action(t) == GROUP]
     assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled)))
     assert policy.config() == before.config()
@@ -109,8 +114,8 @@ def test_a_plan_quickens_the_racks_and_keeps_the_global_averages():
                     global_every=32, schedule_options={"intra_steps": None})  # the default's: no bridges
     kinds = [plan.action(t).kind for t in range(64)]
     start = plan.quicken(10, 4)
-    assert start == 32 and [plan.action(t).kind for t in range(32)] == kinds[:32]
-    assert [t for t in range(32, 96) if plan.action(t).kind == GROUP] == [35, 39, 43, 47, 51, 55, 59, 67, 71, 75, 79,
-                                                                          83, 87, 91]
+    assert start == 16 and [plan.action(t).kind for t in range(16)] == kinds[:16]
+    assert [t for t in range(16, 72) if plan.action(t).kind == GROUP] == [19, 23, 27, 35, 39, 43, 47, 51, 55, 59, 67,
+                                                                          71]
     assert [t for t in range(96) if plan.action(t).kind == GLOBAL] == [31, 63, 95]
     assert plan.action(35).group == (0, 1) and plan.config()["policy"]["average_every"] == 8

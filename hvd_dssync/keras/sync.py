@@ -279,7 +279,7 @@ class StepSync:
         return np.array([self.switch.branch_of(self.plan.action(start + i)) for i in range(period)], dtype=np.int32)
 
     def _quicken(self, step, every):
-        """The racks' period from the plan's next cycle after ``step`` on, as the trial halved it (every rank at the
+        """The racks' period from the plan's next averaging period after ``step`` on, as the trial halved it (every rank at the
         same step, eagerly): the table of branches of the steps from there, as long as the one in force (its
         period a multiple of the new one's), each at the place ``branch`` reads for its step. Returns a function
         that puts it in force at the end of a step: before its first step, and only there."""

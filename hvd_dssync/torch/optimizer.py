@@ -379,7 +379,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
 
     def _quicken(self, step):
         """The racks' period from ``step`` on, where the trial halved it (:mod:`hvd_dssync.rhythm`): from the plan's
-        next cycle (every rank at the same step)."""
+        next averaging period (every rank at the same step)."""
         every = None if self._overlap_choice is None else self._overlap_choice.trial.racks_every
         if every is not None:
             start = self._plan.quicken(step, every)

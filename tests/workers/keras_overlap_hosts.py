@@ -7,7 +7,7 @@ hold the mean of what each rank computed, whatever the trial chose. The trial ru
 forced on, then off, then the racks' averages off and the global ones in fragments (the way a trial ends is
 timing's; each must fold in what is in flight exactly: off, the next waited average folds in the last overlapped
 one first), then as measured; every rank prints the last. The first two halve the racks' period from the next
-cycle (hvd_dssync.rhythm: forced), the table of branches switched between two steps, in flight then waited.
+period (hvd_dssync.rhythm: forced), the table of branches switched between two steps, in flight then waited.
 """
 import re
 
@@ -54,17 +54,17 @@ def train(forced, fragments=None, quickened=False):
             # The traced step follows the new rhythm: a rack's average, waited for, at the new period's first one
             # (the old rhythm's step there is local, where the rack's models differ).
             models = np.reshape(hvd.allgather(tf.reshape(kernel, [1, -1]), name="test_models"), [hvd.size(), -1])
-            assert opt.policy.action(k) == "group" and opt.policy.action(k - 4) != "group", k
+            assert opt.policy.action(k) == "group" and opt.policy.since[1].action(k) == "local", k
             group = opt.schedule.group_of(hvd.rank(), opt.policy.schedule_step(k))
             assert len(group) == 2 and np.array_equal(models[group[0]], models[group[1]]), (k, group, models)
     if quickened:  # every rank halved the racks' period at the same step, from the cycle after the decision
-        assert opt.policy.average_every == every // 2 and last < opt.policy.since[0] <= last + 1 + opt.policy.period()
+        assert opt.policy.average_every == every // 2 and last + 1 < opt.policy.since[0] <= last + 1 + every
     assert opt.overlap in (True, False) and (forced is None or opt.overlap is (forced or bool(fragments))), \
         (forced, opt.overlap)
     assert not fragments or f"in flight, in {fragments} fragments" in opt.overlap_trial, opt.overlap_trial
     # Its overlapped half ran whole: the racks' averages it sent in flight were told to the trial as they were folded.
     assert forced is None or re.search(r"; the others folded in [\d.]+ steps? late(: the racks every \d+ steps from "
-                                       r"the next cycle)?\)$", opt.overlap_trial), opt.overlap_trial
+                                       r"the next period)?\)$", opt.overlap_trial), opt.overlap_trial
     said = ("overlap on (", "overlap on, the global averages' fragments only (") if opt.overlap else ("overlap off (",)
     assert forced is not None or opt.overlap_trial.startswith(said), opt.overlap_trial
     dss.synchronize_models(model)

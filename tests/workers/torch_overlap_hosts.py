@@ -1,7 +1,7 @@
 """One rank of a job of one rank per emulated host: the one-line swap's trial of overlap (hvd_dssync.overlap)
 runs after its first averaging period and decides alike on every rank, at its first look or at its last step,
 the global averages' way too where the racks' route is "auto", the racks' averages' by the steps after which the
-overlapped half folded them in; the racks' period halves from the next cycle (hvd_dssync.rhythm: its rule forced
+overlapped half folded them in; the racks' period halves from the next period (hvd_dssync.rhythm: its rule forced
 here, so that the switch is always crossed; the rule itself is tested on recorded figures); every rank prints what
 it decided, rank 0 what it logged. Each rank's gradient is a constant of its own (``rank + 1``), so after
 synchronize_models() every rank must hold the mean of what each rank computed, exactly: every average in flight,
@@ -34,13 +34,13 @@ for step in range(steps):
     model.weight.grad = torch.full_like(model.weight, float(hvd.rank() + 1))
     opt.step()
     assert opt.overlap is (None if step < trial.look else opt.overlap), (step, opt.overlap)
-# Every rank halved the racks' period at the same step, from the cycle after the trial's decision (its look or last).
+# Every rank halved the racks' period at the same step, from the period after the trial's decision (its look or last).
 since = opt.policy.since[0]
-assert opt.policy.average_every == every // 2 and trial.look < since <= last + 1 + opt.policy.period(), (since, last)
+assert opt.policy.average_every == every // 2 and trial.look + 1 < since <= last + 1 + every, (since, last)
 assert opt.overlap in (True, False), opt.overlap
 assert opt.overlap_trial.startswith(f"overlap {'on' if opt.overlap else 'off'}"), opt.overlap_trial
 # The racks' averages sent in flight in the overlapped half were told to the trial as they were folded in.
-assert re.search(r"; the others folded in [\d.]+ steps? late: the racks every 4 steps from the next cycle\)$",
+assert re.search(r"; the others folded in [\d.]+ steps? late: the racks every 4 steps from the next period\)$",
                  opt.overlap_trial), opt.overlap_trial
 dss.synchronize_models(model)
 want = -LR * steps * sum(r + 1 for r in range(hvd.size())) / hvd.size()

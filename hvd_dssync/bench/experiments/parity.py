@@ -88,6 +88,9 @@ CONFIGS = {
     # The same with each global average in 8 fragments, one a step through the period (the default's trial
     # chooses fragments where one ring of the model cannot hide behind a step: hvd_dssync.overlap).
     "dssync-default-overlap-f8": {"overlap": True, "environ": {FRAGMENTS_ENV: "8"}},
+    # The rhythm the default's trial takes where the racks' averages hide (hvd_dssync.rhythm): the racks every 4
+    # steps, every rank every 32, every average in flight, each global one in 4 fragments (at most one a step).
+    "dssync-default-quickened": {"overlap": True, "average_every": 4, "environ": {FRAGMENTS_ENV: "4"}},
     # The same as the default's trial runs it where it keeps overlap: the global averages through the racks,
     # waited for.
     "dssync-default-overlap-route": {"overlap": True, "schedule_options": {"global_via_bridges": True}},
