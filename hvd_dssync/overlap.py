@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS, global_fragments
-from .rhythm import quickened_every, staleness
+from .rhythm import HidingProbe, averages_cycle, quickened_every, replicates, staleness
 
 __all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
            "quickened_every", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
@@ -85,36 +85,6 @@ def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
         False
     """
     return overlap is None and not lossy_compression and not adaptive and world_size > 1 and several_hosts
-
-
-def replicates(periods, cycle):
-    """How many times a trial times each place of the schedule's cycle each way: enough for ``periods``
-    averaging periods, and for 3 or more degrees of freedom left to the noise once each place's own mean is
-    taken out (:meth:`OverlapTrial.decide`).
-
-    Example::
-
-        >>> [replicates(4, cycle) for cycle in (1, 2, 3, 4, 8)]
-        [4, 3, 2, 2, 2]
-    """
-    return max(-(-int(periods) // cycle), 1 + -(-3 // cycle))
-
-
-def averages_cycle(cycle, average_every, global_every):
-    """The averages after which the kinds of a plan's averages repeat: the schedule's ``cycle`` of group
-    averages, and a global average in place of every ``global_every / average_every``-th average, which
-    leaves the schedule's place where it was. Where ``global_every`` is no multiple of ``average_every`` its
-    averages fall between the periods: the schedule's cycle alone.
-
-    Example::
-
-        >>> averages_cycle(4, 8, 0), averages_cycle(1, 8, 32), averages_cycle(4, 8, 32), averages_cycle(4, 4, 10)
-        (4, 4, 16, 4)
-    """
-    if not global_every or global_every % average_every:
-        return cycle
-    every = global_every // average_every
-    return every * cycle // math.gcd(every - 1, cycle)
 
 
 def global_places(plan, first, period, blocks):
@@ -170,9 +140,12 @@ class OverlapTrial:
     """
 
     def __init__(self, start, period, cycle=1, periods=TRIAL_PERIODS, min_gain=MIN_GAIN, globals_at=(), world_size=2,
-                 through_racks=True):
+                 through_racks=True, hiding=False):
         self.period = max(1, int(period))
-        self.first = int(start) + self.period  # one period of set-up (a process set's first op) untimed
+        # hiding: a probe of whether the racks' averages hide comes first (hvd_dssync.rhythm), the trial after it.
+        self.hiding = HidingProbe(start, self.period) if hiding else None
+        self._setup_start = int(start)  # the set-up period: the global averages' probe at its end
+        self.first = (self.hiding.end if hiding else int(start)) + self.period  # one period of set-up untimed
         self.cycle = max(1, int(cycle))
         self.blocks = self.cycle * replicates(periods, self.cycle)  # averaging periods timed each way
         self.length = self.period * self.blocks
@@ -196,6 +169,7 @@ class OverlapTrial:
         self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
         self.quickens = False  # the period is the default's: the racks may average more often where they hide
         self.racks_every = None  # decide: the racks' period from the next period on, where quickened (rhythm)
+        self.average_every = self.hiding.every if hiding else self.period  # the racks' period it asks for now
 
     @classmethod
     def of(cls, plan, choose_globals=False, through_racks=True, quickens=False):
@@ -206,9 +180,10 @@ class OverlapTrial:
         ``quickens``: the averaging period is the default's, which :meth:`decide` may halve
         (:mod:`hvd_dssync.rhythm`)."""
         policy = plan.policy
+        hiding = bool(quickens) and policy.average_every >= 4 and policy.average_every % 2 == 0
         trial = cls(policy.warmup_steps, policy.average_every,
                     averages_cycle(plan.schedule.cycle, policy.average_every, policy.global_every),
-                    world_size=plan.schedule.world_size, through_racks=through_racks)
+                    world_size=plan.schedule.world_size, through_racks=through_racks, hiding=hiding)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
         trial.quickens = bool(quickens)
@@ -218,7 +193,7 @@ class OverlapTrial:
     def _probe_step(self):
         """The set-up period's last step, where the ranks probe the way of the global averages and choose it (None: no
         choice)."""
-        return self.first - 1 if self.globals_at else None
+        return self._setup_start + self.period - 1 if self.globals_at else None
 
     @property
     def last(self):
@@ -229,6 +204,8 @@ class OverlapTrial:
         """Whether ``step``'s average is overlapped."""
         if self.decided is not None:
             return self.decided
+        if self.hiding is not None and self.hiding.in_flight(step):
+            return True
         return step >= self.first + self.length
 
     def note(self, step, seconds, local=False):
@@ -236,7 +213,7 @@ class OverlapTrial:
         average (counted apart in the set-up period, for :meth:`decide_globals`)."""
         if not math.isfinite(seconds) or self.decided is not None:
             return
-        if local and self.first - self.period <= step < self.first:
+        if local and self._setup_start <= step < self._setup_start + self.period:
             self._setup.append(float(seconds))
         if self.first <= step <= self.last:
             block = (step - self.first) // self.period
@@ -249,11 +226,14 @@ class OverlapTrial:
         from .policy import GLOBAL
         if self.decided is None and kind != GLOBAL and self.first + self.length <= started <= self.last:
             self._folds += (step - started, 1)
+        if self.decided is None and kind != GLOBAL and self.hiding is not None:
+            self.hiding.note_fold(step, started)
 
     def due(self, step):
         """Whether the ranks gather their figures after ``step`` and decide (:meth:`figures`, then
         :meth:`decide`; at :attr:`look`, early)."""
-        return self.decided is None and step in (self.look, self.last, self._probe_step)
+        hiding = None if self.hiding is None else self.hiding.step
+        return self.decided is None and step in (self.look, self.last, self._probe_step, hiding)
 
     def step_ended(self, step, gather, local=False, warm=None, folded=None, probe=None):
         """What an adapter calls at the end of each step (``local``: one with no average; ``folded``: the kind and
@@ -274,8 +254,13 @@ class OverlapTrial:
         if self.due(step):
             if step == self._probe_step:
                 self.decide_globals(gather(self.probe_figures(math.nan if probe is None else probe(self.period))))
+            elif self.hiding is not None and step == self.hiding.step:
+                decided = self.decide_hiding(gather(self.hiding.folds.reshape(1, -1)))
             else:
                 decided = self.decide(gather(self.figures()), early=step < self.last)
+        if self.hiding is not None and step >= self.hiding.step and not self.hiding.done:
+            self.hiding.done = True  # decided, or missed (a job resumed past it): the period as built where not hid
+            self.average_every = self.average_every if self.hiding.racks_every else self.period
         way = self.warms(step)
         if warm is not None and way is not None:
             warm(way)
@@ -315,6 +300,18 @@ class OverlapTrial:
         rows = np.asarray(gathered, dtype=float)
         width = 2 * self.blocks
         return rows[:, width:width + 2] if rows.shape[1] >= width + 2 else np.zeros((0, 2))
+
+    def decide_hiding(self, gathered):
+        """From every rank's folds of the probe of whether the racks' averages hide (:attr:`hiding`: a row each):
+        where they hid, overlap on, the racks every half period, and the trial ends (the global averages' way as
+        :meth:`decide_globals` chose it, not timed against the route); else None: the trial goes on after it."""
+        rows = np.asarray(gathered, dtype=float).reshape(-1, 2)
+        self.staleness = staleness(rows, self.period) if rows[:, 1].sum() > 0 else math.nan
+        if self.hiding.decide(rows) is None:
+            return None
+        self.racks_every = self.average_every = self.hiding.racks_every
+        self.decided = True
+        return True
 
     def decide_globals(self, gathered):
         """From every rank's :meth:`probe_figures` at the end of the set-up period: how many fragments the global
@@ -416,6 +413,7 @@ class OverlapTrial:
         self.staleness = stale if folds[:, 1].sum() > 0 else math.nan
         # Where they hid (folded in within a quarter of the period), the racks average twice as often, in flight.
         self.racks_every = quickened_every(folds, self.period) if self.quickens else None
+        self.average_every = self.racks_every or self.period
         others_gain = self.min_gain * stale / self.period
         by_place = waited.mean(axis=0).reshape(-1, self.cycle).mean(axis=0)  # a waited period's seconds, each place
         if early:
@@ -473,7 +471,8 @@ class OverlapTrial:
     def describe(self):
         if self.decided is None:
             return "overlap: on trial"
-        if math.isnan(self.gain):
+        hid = self.hiding is not None and self.hiding.racks_every is not None
+        if math.isnan(self.gain) and not hid:
             return f"overlap {'on' if self.overlapping else 'off'} (no trial)"
         cycle = ", its first overlapped cycle" if self.early else ""
         way = ""
@@ -489,9 +488,9 @@ class OverlapTrial:
         if self.decided != self.overlapping:
             kinds = ", the global averages' fragments only"
         change = f"{self.gain:.0%} shorter" if self.gain >= 0 else f"{-self.gain:.0%} longer"
+        change = "the racks' averages hid in flight" if hid else f"the overlapped steps {change}"
         stale = (f"; the others folded in {self.staleness:.2g} step{'' if self.staleness == 1 else 's'} late"
                  if math.isfinite(self.staleness) else "")
         if self.racks_every is not None:
-            stale += f": the racks every {self.racks_every} steps from the next period"
-        return (f"overlap {'on' if self.overlapping else 'off'}{kinds} "
-                f"(the overlapped steps {change}{cycle}{way}{stale})")
+            stale += f": the racks every {self.racks_every} steps from the {'start' if hid else 'next period'}"
+        return f"overlap {'on' if self.overlapping else 'off'}{kinds} ({change}{cycle}{way}{stale})"

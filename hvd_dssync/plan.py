@@ -113,22 +113,25 @@ class SyncPlan:
             return Action(LOCAL, (self.rank,))
         return Action(kind, self.world)
 
-    def quicken(self, step, average_every):
-        """Average in groups every ``average_every`` steps (a divisor of the period) from the start of the first
-        averaging period whose last step comes after ``step`` (:meth:`hvd_dssync.policy.Policy.quickened`): the
-        default's trial found that the racks' averages hide (:mod:`hvd_dssync.rhythm`). Every rank calls it with
-        the same arguments. Returns that first step.
+    def change_period(self, step, average_every):
+        """Average in groups every ``average_every`` steps (a divisor or a multiple of the period in force) from the
+        first start of a period of both from ``step`` on, the first step not taken yet
+        (:meth:`hvd_dssync.policy.Policy.with_period`), as the default's trial asks where it probes whether the
+        racks' averages hide (:mod:`hvd_dssync.rhythm`). Every rank calls it with the same arguments. Returns that
+        first step.
 
         Example::
 
             >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
             ...                 average_every=8, global_every=32)
-            >>> plan.quicken(40, 4), [plan.action(t).kind for t in (47, 51, 55, 63)]
+            >>> plan.change_period(40, 4), [plan.action(t).kind for t in (47, 51, 55, 63)]
             (48, ['group', 'group', 'group', 'global'])
+            >>> plan.change_period(60, 8), [plan.action(t).kind for t in (67, 71, 79)], plan.config()["policy"]
+            (64, ['local', 'group', 'group'], {'warmup_steps': 0, 'global_every': 32, 'average_every': 8})
         """
         if self.adaptive is not None:
             raise ValueError("the adaptive policy chooses its own periods")
-        self.policy = self.policy.quickened(step, average_every)
+        self.policy = self.policy.with_period(step, average_every)
         return self.policy.since[0]
 
     def bridge(self, step):

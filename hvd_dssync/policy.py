@@ -59,30 +59,38 @@ class Policy:
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
         self.global_every = _positive_int("global_every", global_every, 0)
         self.average_every = _positive_int("average_every", average_every, 1)
-        self.since = None  # quickened: (the step from which average_every holds, the policy before it)
+        self.since = None  # with_period: (the step from which average_every holds, the policy before it)
 
-    def quickened(self, step, average_every):
-        """This policy up to the first step where one of its averaging periods starts (a whole number of its
-        ``average_every`` after the warm-up) whose step before, the last of a period, comes after ``step`` (an
-        average that steps on sizes its fragments by the steps to the next one, :meth:`steps_to_next_average`),
-        then the group averages every ``average_every`` steps, a divisor of this policy's: the global averages stay
-        where they were and the schedule's groups go on in their order. Returns the new policy (its :attr:`since`
-        holds where it starts); its :meth:`config` is this one's, as built.
+    def with_period(self, step, average_every):
+        """This policy up to the first start of an averaging period of both this rhythm and the new one (a whole
+        number of the longer ``average_every`` after the warm-up) from ``step`` on, then the group averages every
+        ``average_every`` steps, a divisor or a multiple of this policy's: the global averages stay where they were
+        and the schedule's groups go on in their order. ``step`` is the first step not taken yet; a shorter period
+        starts after it (an average at the step before sizes its fragments by the steps to the next one,
+        :meth:`steps_to_next_average`), or where the warm-up ends, if not taken yet. Returns the new policy (its
+        :attr:`since` holds where it starts); its :meth:`config` is the one built.
 
         Example::
 
-            >>> p = Policy(warmup_steps=1, average_every=4, global_every=8).quickened(3, 2)
+            >>> p = Policy(warmup_steps=1, average_every=4, global_every=8).with_period(3, 2)
             >>> p.since[0], [p.action(t) for t in range(1, 17)]   # doctest: +NORMALIZE_WHITESPACE
             (5, ['local', 'local', 'local', 'group', 'local', 'group', 'local', 'global', 'local', 'group', 'local',
                  'group', 'local', 'group', 'local', 'global'])
             >>> [p.schedule_step(t) for t in (4, 6, 10)], p.steps_to_next_average(6)
             ([1, 2, 3], 2)
+            >>> back = p.with_period(9, 4)   # and back: every 4 from step 9
+            >>> back.since[0], [back.action(t) for t in range(9, 17)], back.schedule_step(12)
+            (9, ['local', 'local', 'local', 'group', 'local', 'local', 'local', 'global'], 3)
+            >>> back.config() == Policy(warmup_steps=1, average_every=4, global_every=8).config()
+            True
         """
         every = _positive_int("average_every", average_every, 1)
-        if self.since is not None or self.average_every % every:
-            raise ValueError(f"Arg ``average_every``: {every} must divide the policy's {self.average_every}, once")
-        done = max(step + 1, self.warmup_steps) - self.warmup_steps
-        start = self.warmup_steps + -(-done // self.average_every) * self.average_every
+        if self.average_every % every and every % self.average_every:
+            raise ValueError(f"Arg ``average_every``: {every} must divide the policy's {self.average_every}, or be "
+                             "a multiple of it")
+        longer = max(every, self.average_every)
+        first = max(step + 1 if every < self.average_every and step > self.warmup_steps else step, self.warmup_steps)
+        start = self.warmup_steps + -(-(first - self.warmup_steps) // longer) * longer
         policy = Policy(self.warmup_steps, self.global_every, every)
         policy.since = (start, self)
         return policy

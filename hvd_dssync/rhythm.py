@@ -19,10 +19,12 @@ import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS
 
-__all__ = ["staleness", "quickened_every", "HIDES_WITHIN", "MIN_FOLDS"]
+__all__ = ["staleness", "quickened_every", "HidingProbe", "replicates", "averages_cycle", "HIDES_WITHIN", "MIN_FOLDS",
+           "HIDING_PERIODS"]
 
 HIDES_WITHIN = 0.25  # the racks' averages hide where folded in within this share of their period, on average
 MIN_FOLDS = 2  # ... on every rank, each having told at least this many folds
+HIDING_PERIODS = 3  # the probe's periods (of the period as built): one waited, two with the racks every half in flight
 
 
 def staleness(folds, period):
@@ -60,3 +62,82 @@ def quickened_every(folds, period):
         return None
     stale = staleness(rows, period)
     return period // 2 if math.isfinite(stale) and stale <= HIDES_WITHIN * period else None
+
+
+class HidingProbe:
+    """Whether the racks' averages hide, probed as training starts (the default's trial, where it may halve their
+    period): after one period as built, waited for (the sets' first ops, the probe of the global averages' way), two
+    with the racks averaging every half period in flight; at its last step the ranks gather how late each folded
+    them in (:meth:`decide`). Where they hid, the racks keep the half period, their averages in flight, and the
+    trial ends; else the period as built comes back and the trial of both ways runs after the probe.
+
+    Example::
+
+        >>> probe = HidingProbe(start=0, period=8)
+        >>> probe.every, probe.first, probe.step, [probe.in_flight(s) for s in (7, 8, 23, 24)]
+        (4, 8, 23, [False, True, True, False])
+        >>> for started in (11, 15, 19):
+        ...     probe.note_fold(started + 1, started)
+        >>> probe.note_fold(5, 3)   # before it: not counted
+        >>> probe.folds.tolist(), probe.decide([probe.folds, [6.0, 3.0]])
+        ([3.0, 3.0], 4)
+    """
+
+    def __init__(self, start, period):
+        self.period = int(period)
+        self.every = self.period // 2  # the racks' period tried
+        self.first = int(start) + self.period  # the first step whose average goes in flight
+        self.end = int(start) + HIDING_PERIODS * self.period  # the step after the probe
+        self.folds = np.zeros(2)  # the averages it sent in flight and folded in: steps summed, how many
+        self.racks_every = None  # decide: the half period where they hid
+        self.done = False  # the trial has read its answer (or passed it by)
+
+    @property
+    def step(self):
+        """The probe's last step, where the ranks decide."""
+        return self.end - 1
+
+    def in_flight(self, step):
+        """Whether ``step``'s average goes in flight."""
+        return self.first <= step < self.end
+
+    def note_fold(self, step, started):
+        """A rack's average started at step ``started`` was folded in at ``step``."""
+        if self.first <= started < self.end:
+            self.folds += (step - started, 1)
+
+    def decide(self, folds):
+        """From every rank's folds (rows of :attr:`folds`): the half period where they hid
+        (:func:`quickened_every`), else None."""
+        self.racks_every = quickened_every(folds, self.period)
+        return self.racks_every
+
+
+def replicates(periods, cycle):
+    """How many times a trial times each place of the schedule's cycle each way: enough for ``periods``
+    averaging periods, and for 3 or more degrees of freedom left to the noise once each place's own mean is
+    taken out (:meth:`hvd_dssync.overlap.OverlapTrial.decide`).
+
+    Example::
+
+        >>> [replicates(4, cycle) for cycle in (1, 2, 3, 4, 8)]
+        [4, 3, 2, 2, 2]
+    """
+    return max(-(-int(periods) // cycle), 1 + -(-3 // cycle))
+
+
+def averages_cycle(cycle, average_every, global_every):
+    """The averages after which the kinds of a plan's averages repeat: the schedule's ``cycle`` of group
+    averages, and a global average in place of every ``global_every / average_every``-th average, which
+    leaves the schedule's place where it was. Where ``global_every`` is no multiple of ``average_every`` its
+    averages fall between the periods: the schedule's cycle alone.
+
+    Example::
+
+        >>> averages_cycle(4, 8, 0), averages_cycle(1, 8, 32), averages_cycle(4, 8, 32), averages_cycle(4, 4, 10)
+        (4, 4, 16, 4)
+    """
+    if not global_every or global_every % average_every:
+        return cycle
+    every = global_every // average_every
+    return every * cycle // math.gcd(every - 1, cycle)

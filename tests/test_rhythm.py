@@ -9,7 +9,7 @@ from hvd_dssync.config import quickens_racks
 from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.policy import GLOBAL, GROUP, Policy
-from hvd_dssync.rhythm import quickened_every
+from hvd_dssync.rhythm import HIDING_PERIODS, quickened_every
 
 # The steps after which the default's trial folded the racks' averages in, as each bench job logged it (every rank's
 # largest mean; 4 emulated hosts of one rank, 2 racks, unless said): the accelerator's 100 ms of compute a step, the
@@ -84,15 +84,17 @@ def test_only_the_period_the_default_picked_on_racks_may_quicken():
 @pytest.mark.parametrize("warmup, every, global_every, new, at", itertools.product(
     (0, 1, 3), (4, 8), (0, 8, 12, 32), (1, 2, 4), (0, 5, 40)))
 def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_every, new, at):
-    """The old rhythm up to the first start of one of its periods after ``at`` + 1; from there, the new period's
-    pattern, the global averages where they were, and the schedule's groups in their order (one schedule step a
-    group average, none skipped); its configuration is the one it was built with."""
+    """The old rhythm up to the first start of one of its periods whose step before is not taken yet (``at`` on);
+    from there, the new period's pattern, the global averages where they were, and the schedule's groups in their
+    order (one schedule step a group average, none skipped); its configuration is the one it was built with; and
+    back to the old period as far on, the same."""
     if every % new:
         return
     before = Policy(warmup, global_every, every)
-    policy = before.quickened(at, new)
+    policy = before.with_period(at, new)
     start = policy.since[0]
-    assert start >= at + 1 and (start - warmup) % every == 0 and start <= max(at + 1, warmup) + every - 1
+    assert (start - warmup) % every == 0 and max(at, warmup) <= start < max(at + 1, warmup) + every
+    assert start - 1 >= at or at <= warmup or new == every  # the step before not taken yet (its fragments)
     assert [policy.action(t) for t in range(start)] == [before.action(t) for t in range(start)]
     fresh = Policy(warmup, global_every, new)
     assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(start, start + 96)]
@@ -100,22 +102,81 @@ def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_e
     assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled)))
     assert policy.config() == before.config()
     assert all(policy.action(t + policy.steps_to_next_average(t)) != "local" for t in range(start, start + 40))
+    back = policy.with_period(start + 40, every)
+    again = back.since[0]
+    assert (again - warmup) % every == 0 and start + 40 <= again < start + 40 + every
+    assert [back.action(t) for t in range(again, again + 96)] == [before.action(t) for t in range(again, again + 96)]
+    scheduled = [back.schedule_step(t) for t in range(again + 96) if back.action(t) == GROUP]
+    assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled))) and back.config() == before.config()
 
 
-def test_a_policy_quickens_once_by_a_divisor():
-    with pytest.raises(ValueError, match="must divide the policy's 8"):
-        Policy(0, 32, 8).quickened(0, 3)
-    with pytest.raises(ValueError, match="once"):
-        Policy(0, 32, 8).quickened(0, 4).quickened(0, 2)
+def test_a_policy_takes_a_divisor_or_a_multiple_of_its_period():
+    with pytest.raises(ValueError, match="must divide the policy's 8, or be a multiple of it"):
+        Policy(0, 32, 8).with_period(0, 3)
+    assert Policy(0, 32, 8).with_period(0, 4).since[0] == 0 and Policy(2, 32, 8).with_period(0, 4).since[0] == 2
 
 
 def test_a_plan_quickens_the_racks_and_keeps_the_global_averages():
     plan = SyncPlan(rank=1, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]], average_every=8,
                     global_every=32, schedule_options={"intra_steps": None})  # the default's: no bridges
     kinds = [plan.action(t).kind for t in range(64)]
-    start = plan.quicken(10, 4)
+    start = plan.change_period(10, 4)
     assert start == 16 and [plan.action(t).kind for t in range(16)] == kinds[:16]
     assert [t for t in range(16, 72) if plan.action(t).kind == GROUP] == [19, 23, 27, 35, 39, 43, 47, 51, 55, 59, 67,
                                                                           71]
     assert [t for t in range(96) if plan.action(t).kind == GLOBAL] == [31, 63, 95]
     assert plan.action(35).group == (0, 1) and plan.config()["policy"]["average_every"] == 8
+
+
+def _trial_of_the_default(warmup=0):
+    plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]], average_every=8,
+                    global_every=32, warmup_steps=warmup, schedule_options={"intra_steps": None})
+    return OverlapTrial.of(plan, choose_globals=True, quickens=True)
+
+
+def test_the_default_probes_whether_the_racks_hide_before_its_trial():
+    """Where DS-Sync chose the racks' period, the trial asks for half of it from the start: a waited period (the
+    global averages' probe at its end), two with the racks' averages in flight, the ranks deciding at its last step;
+    the trial of both ways after it, a period of set-up on."""
+    trial = _trial_of_the_default(warmup=3)
+    assert trial.average_every == 4 and (trial.hiding.first, trial.hiding.step) == (11, 3 + HIDING_PERIODS * 8 - 1)
+    assert trial._probe_step == 10 and trial.first == 3 + HIDING_PERIODS * 8 + 8
+    assert [trial.overlap_at(s) for s in (10, 11, 26, 27, 34, trial.first + trial.length)] == [
+        False, True, True, False, False, True]
+    assert trial.due(10) and trial.due(26) and not trial.due(27)
+
+
+def _run(trial, folded_after, last):
+    """Step ``trial`` to ``last``, its racks' averages at period 4 folded in ``folded_after`` steps after they start,
+    every rank alike (4 ranks); returns what each step decided."""
+    gather = lambda figures: np.repeat(np.asarray(figures, dtype=float), 4, axis=0)  # noqa: E731
+    decisions = {}
+    for step in range(last + 1):
+        started = step - folded_after
+        folded = ("group", started) if started >= 0 and (started + 1) % 4 == 0 and (started + 1) % 32 else None
+        decisions[step] = trial.step_ended(step, gather, local=(step + 1) % 4 != 0, folded=folded,
+                                           probe=lambda fragments: 0.01)
+    return decisions
+
+
+def test_where_the_racks_hide_the_trial_ends_after_the_probe():
+    trial = _trial_of_the_default()
+    decisions = _run(trial, folded_after=1, last=40)
+    assert decisions[23] is True and [s for s, d in decisions.items() if d is not None] == [23]
+    assert trial.overlap_at(24) and trial.average_every == 4 and trial.racks_every == 4 and trial.overlapping
+    assert trial.describe().startswith("overlap on (the racks' averages hid in flight; global averages ")
+    assert trial.describe().endswith("the others folded in 1 step late: the racks every 4 steps from the start)")
+
+
+def test_where_they_do_not_the_period_comes_back_and_the_trial_runs():
+    trial = _trial_of_the_default()
+    decisions = _run(trial, folded_after=3, last=trial.last)
+    assert decisions[23] is None and trial.average_every == 8 and trial.hiding.racks_every is None
+    assert decisions[trial.look] is not None or decisions[trial.last] is not None
+
+
+def test_a_probe_missed_leaves_the_period_as_built():
+    """A job resumed past the probe (its step taken from a checkpoint) never decides there: the period as built."""
+    trial = _trial_of_the_default()
+    trial.step_ended(500, lambda figures: figures)
+    assert trial.average_every == 8 and trial.decided is None

@@ -31,9 +31,9 @@ class OverlapChoice:
         plan: the optimizer's :class:`hvd_dssync.plan.SyncPlan` (the warm-up, the averaging period, and the
             schedule's cycle of averages).
         process_set: the optimizer's Horovod process set (the ranks that decide together).
-        quicken: where the racks' period is the default's, what halves it where the trial found that their averages
-            hide (``trial.racks_every``: :mod:`hvd_dssync.rhythm`): ``quicken(step, every)`` from the plan's next
-            cycle after ``step``, eagerly on every rank; it returns what to call at the end of each step after.
+        change_period: where the racks' period is the default's, what changes it to the one the trial asks for
+            (``trial.average_every``: :mod:`hvd_dssync.rhythm`): ``change_period(step, every)`` from the plan's first
+            period from ``step`` on, eagerly on every rank; it returns what to call at the end of each step after.
 
     Example::
 
@@ -43,12 +43,13 @@ class OverlapChoice:
         choice.end_step(step, shapes, dtype)                             # after it (a tensor; an op)
     """
 
-    def __init__(self, name, plan, process_set, quicken=None):
+    def __init__(self, name, plan, process_set, change_period=None):
         self.name = name
         self.plan = plan
         self.process_set = process_set
-        self.trial = OverlapTrial.of(plan, choose_globals=True, through_racks=False, quickens=quicken is not None)
-        self.quicken, self._quickened = quicken, None
+        self.trial = OverlapTrial.of(plan, choose_globals=True, through_racks=False,
+                                     quickens=change_period is not None)
+        self.change_period, self._changing = change_period, None
         # Created eagerly: a variable created while a tf.function is traced makes it trace again.
         with tf.init_scope():
             self.overlapped = tf.Variable(self.way_at(0), trainable=False, name="dssync_overlapped")
@@ -112,12 +113,11 @@ class OverlapChoice:
             return time.perf_counter() - started
 
         local = self.plan.action(step).kind == LOCAL
-        if self.trial.step_ended(step, gather, local, warm, probe=probe) is not None:
-            if self.process_set.rank() == 0:
-                log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
-            if self.trial.racks_every is not None and self.quicken is not None:
-                self._quickened = self.quicken(step + 1, self.trial.racks_every)
-        if self._quickened is not None:
-            self._quickened(step)
+        if self.trial.step_ended(step, gather, local, warm, probe=probe) is not None and self.process_set.rank() == 0:
+            log.info(f"hvd_dssync: {self.trial.describe()}, from step {step + 1}")
+        if self.change_period is not None and self.trial.average_every != self.plan.policy.average_every:
+            self._changing = self.change_period(step + 1, self.trial.average_every)
+        if self._changing is not None:
+            self._changing(step)
         self.overlapped.assign(self.way_at(step + 1))
         return True

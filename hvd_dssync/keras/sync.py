@@ -110,9 +110,13 @@ class StepSync:
         trial = config is not None and not elastic_job() and runs_trial(
             config.overlap, compression is not hvd.Compression.none, config.adaptive() is not None, plan.world_size,
             hvd.size() > hvd.local_size())
-        # Where DS-Sync picked the racks' period (quickens), the trial may halve it (hvd_dssync.rhythm).
-        quicken = self._quicken if quickens else None
-        self.choice = OverlapChoice(self.name, plan, process_set, quicken) if trial else None
+        # Where DS-Sync picked the racks' period (quickens), the trial probes whether they hide at half of it first
+        # (hvd_dssync.rhythm): the plan takes the period it asks for.
+        change = self._change_period if quickens else None
+        self.choice = OverlapChoice(self.name, plan, process_set, change) if trial else None
+        asked = None if change is None or self.choice is None else self.choice.trial.average_every
+        if asked is not None and asked != plan.policy.average_every:
+            plan.change_period(0, asked)
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
         # A global average in flight goes in as many fragments as the trial chose, or as given (overlap=True).
         fragments_at = self.choice.fragments_at if trial else lambda step: global_fragments
@@ -124,7 +128,7 @@ class StepSync:
         with tf.init_scope():
             self._adopted = tf.Variable(False, trainable=False, name="dssync_step_adopted")
         self._use(plan)
-        # The trial may change the rhythm of the branches (_quicken): then they are read from a variable.
+        # The trial may change the rhythm of the branches (_change_period): then they are read from a variable.
         self._rhythm = None
         if self.choice is not None and quickens:
             with tf.init_scope():
@@ -278,12 +282,12 @@ class StepSync:
         period = policy.period() * len(schedule.partitions(0))
         return np.array([self.switch.branch_of(self.plan.action(start + i)) for i in range(period)], dtype=np.int32)
 
-    def _quicken(self, step, every):
-        """The racks' period from the plan's next averaging period after ``step`` on, as the trial halved it (every rank at the
-        same step, eagerly): the table of branches of the steps from there, as long as the one in force (its
-        period a multiple of the new one's), each at the place ``branch`` reads for its step. Returns a function
-        that puts it in force at the end of a step: before its first step, and only there."""
-        start, length, warmup = self.plan.quicken(step, every), len(self._table), self.plan.policy.warmup_steps
+    def _change_period(self, step, every):
+        """The racks' period the trial asks for, from the plan's first period from ``step`` on, the first step not
+        taken yet (every rank at the same step, eagerly): the table of branches of the steps from there, as long as
+        the one in force (a multiple of both periods), each at the place ``branch`` reads for its step. Returns a
+        function that puts it in force at the end of a step: before its first step, and only there."""
+        start, length, warmup = self.plan.change_period(step, every), len(self._table), self.plan.policy.warmup_steps
         steps = [start + (warmup + i - start) % length for i in range(length)]
         table = np.array([self.switch.branch_of(self.plan.action(t)) for t in steps], dtype=np.int32)
         if self.process_set.rank() == 0:

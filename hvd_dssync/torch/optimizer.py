@@ -110,8 +110,10 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # the trial's probe chooses (routes_global_averages: the route waited for, or one op in flight).
         choose = (routes_global_averages(plan.schedule, "PyTorch")
                   and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
-        # Where DS-Sync picked the racks' period, the trial may halve it (hvd_dssync.rhythm).
+        # Where DS-Sync picked the racks' period, the trial probes whether they hide at half of it first
+        # (hvd_dssync.rhythm): the plan takes the period it asks for.
         self._overlap_choice = OverlapChoice(self._name, plan, choose, quickens) if trial else None
+        self._follow_trial(self.sync_step)
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -244,10 +246,9 @@ class DSSyncOptimizer(torch.optim.Optimizer):
                 self.last_sync = dict(self.last_sync or {"step": step, "kind": action.kind},
                                       decision=decision.as_dict())
         if self._overlap_choice is not None:
-            decided = self._overlap_choice.end_step(world, step, action.kind == LOCAL,
-                                                    lambda: [t for _, t in self._averaging.tensors()], done)
-            if decided is not None:
-                self._quicken(step + 1)
+            self._overlap_choice.end_step(world, step, action.kind == LOCAL,
+                                          lambda: [t for _, t in self._averaging.tensors()], done)
+            self._follow_trial(step + 1)
         self._synchronized = False
         self.sync_step += 1
         return loss
@@ -377,13 +378,13 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         self.sync_step = self._check_ranks_agree(with_step=True)
         self._take_state(0, with_step=False)  # a newcomer's decision is rank 0's, as its step
 
-    def _quicken(self, step):
-        """The racks' period from ``step`` on, where the trial halved it (:mod:`hvd_dssync.rhythm`): from the plan's
-        next averaging period (every rank at the same step)."""
-        every = None if self._overlap_choice is None else self._overlap_choice.trial.racks_every
-        if every is not None:
-            start = self._plan.quicken(step, every)
-            if self._scope.rank == 0:
+    def _follow_trial(self, step):
+        """The racks' period the trial asks for (:mod:`hvd_dssync.rhythm`), from the plan's first period from ``step``
+        on, the first step not taken yet (every rank at the same step)."""
+        every = None if self._overlap_choice is None else self._overlap_choice.trial.average_every
+        if every is not None and every != self._plan.policy.average_every:
+            start = self._plan.change_period(step, every)
+            if self._scope.rank == 0 and step > 0:
                 log.info(f"hvd_dssync: the racks average every {every} steps from step {start}")
 
     def _follow_network(self, config):
@@ -395,7 +396,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         leaving = self._plan.leave_window()
         self._config = config
         self._plan = SyncPlan.from_config(self._scope.rank, self._scope.world_size, config)
-        self._quicken(self.sync_step + 1)
+        self._follow_trial(self.sync_step + 1)
         self._averaging.follow_schedule()
         self._averaging.enter_window(self._world(), self.sync_step + 1)  # registered ahead: no collective
         self._registry.release(leaving)
