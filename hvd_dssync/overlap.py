@@ -24,7 +24,8 @@ a period's fragments would leave more exposed than it costs. The trial then keep
 than the route's price beyond the noise, the other averages (the racks', the bridges) where their places of the cycle
 saved :data:`MIN_GAIN` in the share of a period after which the overlapped half folded them in (:func:`staleness`),
 beyond the noise (:meth:`OverlapTrial.decide`). The fragments, where chosen, are warmed first, untimed
-(:meth:`OverlapTrial.warms`).
+(:meth:`OverlapTrial.warms`). Where the racks' period is the default's, a probe of whether their averages hide at
+half of it comes first, and may end the trial (:mod:`hvd_dssync.rhythm`: :attr:`OverlapTrial.average_every`).
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -34,7 +35,7 @@ import time
 import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS, global_fragments
-from .rhythm import HidingProbe, averages_cycle, quickened_every, replicates, staleness
+from .rhythm import HidingProbe, averages_cycle, global_places, hides_maybe, quickened_every, replicates, staleness
 
 __all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
            "quickened_every", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
@@ -87,23 +88,6 @@ def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
     return overlap is None and not lossy_compression and not adaptive and world_size > 1 and several_hosts
 
 
-def global_places(plan, first, period, blocks):
-    """The averaging periods, of the ``blocks`` from step ``first`` on (``period`` steps each), that hold one of
-    ``plan``'s global averages (its ``action(step).kind``).
-
-    Example::
-
-        >>> from hvd_dssync.plan import SyncPlan
-        >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
-        ...                 average_every=4, global_every=16)
-        >>> global_places(plan, first=4, period=4, blocks=8)
-        (2, 6)
-    """
-    from .policy import GLOBAL
-    return tuple(k for k in range(blocks)
-                 if any(plan.action(s).kind == GLOBAL for s in range(first + k * period, first + (k + 1) * period)))
-
-
 def _shorter(overlapped, waited):
     """The share by which the ``overlapped`` periods were shorter than the ``waited`` ones (NaN: nothing timed)."""
     return 1.0 - overlapped.mean() / waited.mean() if waited.mean() > 0 else math.nan
@@ -145,11 +129,11 @@ class OverlapTrial:
         # hiding: a probe of whether the racks' averages hide comes first (hvd_dssync.rhythm), the trial after it.
         self.hiding = HidingProbe(start, self.period) if hiding else None
         self._setup_start = int(start)  # the set-up period: the global averages' probe at its end
-        self.first = (self.hiding.end if hiding else int(start)) + self.period  # one period of set-up untimed
         self.cycle = max(1, int(cycle))
         self.blocks = self.cycle * replicates(periods, self.cycle)  # averaging periods timed each way
         self.length = self.period * self.blocks
-        self.look = self.first + self.length + self.period * self.cycle - 1  # after the first overlapped cycle
+        self._place((self.hiding.end if hiding else int(start)) + self.period)  # one period of set-up untimed
+        self._plain = (int(start) + self.period, ())  # where it goes where the probe is called off (_call_off)
         self.min_gain = float(min_gain)
         self.decided = None  # True / False once decided
         self.gain = math.nan
@@ -169,7 +153,7 @@ class OverlapTrial:
         self.staleness = math.nan  # after how many steps those were folded in (decide: staleness), where told
         self.quickens = False  # the period is the default's: the racks may average more often where they hide
         self.racks_every = None  # decide: the racks' period from the next period on, where quickened (rhythm)
-        self.average_every = self.hiding.every if hiding else self.period  # the racks' period it asks for now
+        self.average_every = self.period  # the racks' period it asks for now
 
     @classmethod
     def of(cls, plan, choose_globals=False, through_racks=True, quickens=False):
@@ -177,8 +161,8 @@ class OverlapTrial:
         ``schedule`` and ``action``, as both adapters' optimizers have): after its warm-up, one period per
         average, whole cycles of its averages' kinds (:func:`averages_cycle`). ``choose_globals``: the global
         averages may go either way (:meth:`decide_globals`), waited (``through_racks`` or not) or in flight.
-        ``quickens``: the averaging period is the default's, which :meth:`decide` may halve
-        (:mod:`hvd_dssync.rhythm`)."""
+        ``quickens``: the averaging period is the default's: a probe of whether the racks' averages hide at half of
+        it comes first (:attr:`hiding`), and :meth:`decide` may halve it too (:mod:`hvd_dssync.rhythm`)."""
         policy = plan.policy
         hiding = bool(quickens) and policy.average_every >= 4 and policy.average_every % 2 == 0
         trial = cls(policy.warmup_steps, policy.average_every,
@@ -186,8 +170,22 @@ class OverlapTrial:
                     world_size=plan.schedule.world_size, through_racks=through_racks, hiding=hiding)
         if choose_globals:
             trial.globals_at = global_places(plan, trial.first, trial.period, trial.blocks)
+            trial._plain = (trial._plain[0], global_places(plan, trial._plain[0], trial.period, trial.blocks))
+        elif hiding:  # no probe of the global averages' way to start the racks' from: none
+            trial._call_off()
         trial.quickens = bool(quickens)
         return trial
+
+    def _place(self, first):
+        """The trial's halves from step ``first`` on."""
+        self.first = first
+        self.look = self.first + self.length + self.period * self.cycle - 1  # after the first overlapped cycle
+
+    def _call_off(self):
+        """No probe of the racks' period: the trial right after the set-up period, as where none was asked for."""
+        self.hiding = None
+        self._place(self._plain[0])
+        self.globals_at = self._plain[1]
 
     @property
     def _probe_step(self):
@@ -341,6 +339,10 @@ class OverlapTrial:
         self._bridge = self.probe * self.period / share
         self.global_fragments = global_fragments(self._bridge, self.local_step, self.world_size, self.period,
                                                  self.through_racks, IN_FLIGHT_HEADROOM)
+        if self.hiding is not None and hides_maybe(self.probe, self.local_step):
+            self.average_every = self.hiding.every  # the probe of the racks' period from the next step
+        elif self.hiding is not None:
+            self._call_off()
         return self.global_fragments
 
     @property

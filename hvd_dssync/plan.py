@@ -124,8 +124,8 @@ class SyncPlan:
 
             >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
             ...                 average_every=8, global_every=32)
-            >>> plan.change_period(40, 4), [plan.action(t).kind for t in (47, 51, 55, 63)]
-            (48, ['group', 'group', 'group', 'global'])
+            >>> plan.change_period(40, 4), [plan.action(t).kind for t in (43, 51, 55, 63)]
+            (40, ['group', 'group', 'group', 'global'])
             >>> plan.change_period(60, 8), [plan.action(t).kind for t in (67, 71, 79)], plan.config()["policy"]
             (64, ['local', 'group', 'group'], {'warmup_steps': 0, 'global_every': 32, 'average_every': 8})
         """

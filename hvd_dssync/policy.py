@@ -66,8 +66,8 @@ class Policy:
         number of the longer ``average_every`` after the warm-up) from ``step`` on, then the group averages every
         ``average_every`` steps, a divisor or a multiple of this policy's: the global averages stay where they were
         and the schedule's groups go on in their order. ``step`` is the first step not taken yet; a shorter period
-        starts after it (an average at the step before sizes its fragments by the steps to the next one,
-        :meth:`steps_to_next_average`), or where the warm-up ends, if not taken yet. Returns the new policy (its
+        starts after it where the step before was a global average (it sized its fragments by the steps to the next
+        average, :meth:`steps_to_next_average`). Returns the new policy (its
         :attr:`since` holds where it starts); its :meth:`config` is the one built.
 
         Example::
@@ -89,7 +89,9 @@ class Policy:
             raise ValueError(f"Arg ``average_every``: {every} must divide the policy's {self.average_every}, or be "
                              "a multiple of it")
         longer = max(every, self.average_every)
-        first = max(step + 1 if every < self.average_every and step > self.warmup_steps else step, self.warmup_steps)
+        # The step before, taken already, sized its global average's fragments by the old rhythm: a shorter one after.
+        late = every < self.average_every and step > self.warmup_steps and self.action(step - 1) == GLOBAL
+        first = max(step + 1 if late else step, self.warmup_steps)
         start = self.warmup_steps + -(-(first - self.warmup_steps) // longer) * longer
         policy = Policy(self.warmup_steps, self.global_every, every)
         policy.since = (start, self)

@@ -1,15 +1,17 @@
 """The racks' period where their averages hide: what the default's trial (:mod:`hvd_dssync.overlap`) reads from the
-steps after which its overlapped half folded them in.
+steps after which the racks' averages it sent in flight were folded in.
 
-A rack's average in flight runs behind the local steps that follow it and is folded in once done. Where the trial's
-overlapped half folded the racks' averages in within a quarter of their period (:data:`HIDES_WITHIN`: 2 steps of the
-default's 8) on every rank, they hide behind compute with room to spare: averaging the racks twice as often, still in
-flight, costs the steps little and halves the drift of the ranks' models between their averages, which is what kept
-rank 0 behind PyTorch's hierarchical averager on the bench's ``accelerator`` (docs/gpu.md has the figures). So where
-the default chose the period itself (``average_every`` not given), it halves it from its next period
-(:meth:`hvd_dssync.policy.Policy.quickened`), the racks' averages in flight, the global averages where they were; the
-trial ends at its first look where they hid. Where they were folded in later (the static headline: 5.7-8 steps of 8;
-8 ranks on 2 cores: 3.2-3.8), or not twice on every rank, the period stays: unsure is the period as built.
+A rack's average in flight runs behind the local steps that follow it and is folded in once done. Where they were
+folded in within a quarter of the period as built (:data:`HIDES_WITHIN`: 2 steps of the default's 8) on every rank,
+they hide behind compute with room to spare: averaging the racks twice as often, in flight, costs the steps little and
+halves the drift of the ranks' models between their averages, which is what kept rank 0 behind PyTorch's
+hierarchical averager on the bench's ``accelerator`` (docs/gpu.md has the figures). It pays from the first steps
+(the models drift most there), so where the default chose the period itself (``average_every`` not given) it starts
+at half of it and probes (:class:`HidingProbe`): after a waited period, two with the racks' averages in flight.
+Where they hid, it keeps the half period and overlap, and the trial ends; else the period as built comes back and
+the trial of both ways runs, which may still halve it where its overlapped half saw them hide
+(:func:`quickened_every`). Recorded: 1.2-2.0 steps on the accelerator's 4 ranks, 5.7-8 on the static headline, 3.2-3.8
+with 8 ranks on 2 cores (``tests/test_rhythm.py``).
 
 Numpy only.
 """
@@ -19,12 +21,14 @@ import numpy as np
 
 from .fragments import GLOBAL_FOLD_STEPS
 
-__all__ = ["staleness", "quickened_every", "HidingProbe", "replicates", "averages_cycle", "HIDES_WITHIN", "MIN_FOLDS",
-           "HIDING_PERIODS"]
+__all__ = ["staleness", "quickened_every", "hides_maybe", "HidingProbe", "replicates", "averages_cycle",
+           "global_places", "HIDES_WITHIN", "MIN_FOLDS", "HIDING_PERIODS", "HIDING_RING_STEPS"]
 
 HIDES_WITHIN = 0.25  # the racks' averages hide where folded in within this share of their period, on average
 MIN_FOLDS = 2  # ... on every rank, each having told at least this many folds
 HIDING_PERIODS = 3  # the probe's periods (of the period as built): one waited, two with the racks every half in flight
+HIDING_RING_STEPS = 2.0  # ... only where a ring of an eighth of the model across the racks took at most this many
+# local steps: on the static headline 3-13 (its racks' averages folded in 5.7-8 steps late), the accelerator 0.7-1.1.
 
 
 def staleness(folds, period):
@@ -64,12 +68,26 @@ def quickened_every(folds, period):
     return period // 2 if math.isfinite(stale) and stale <= HIDES_WITHIN * period else None
 
 
+def hides_maybe(ring, local_step):
+    """Whether the racks' averages may hide, so that the probe of their period runs (:class:`HidingProbe`): the
+    seconds of one ring over every rank of an eighth of the model (``ring``, the probe of the global averages' way)
+    were :data:`HIDING_RING_STEPS` local steps (``local_step``) or fewer; nothing timed (NaN): no.
+
+    Example::
+
+        >>> hides_maybe(0.09, 0.13), hides_maybe(0.06, 0.01), hides_maybe(float("nan"), 0.13)
+        (True, False, False)
+    """
+    return bool(ring <= HIDING_RING_STEPS * local_step)
+
+
 class HidingProbe:
     """Whether the racks' averages hide, probed as training starts (the default's trial, where it may halve their
-    period): after one period as built, waited for (the sets' first ops, the probe of the global averages' way), two
-    with the racks averaging every half period in flight; at its last step the ranks gather how late each folded
-    them in (:meth:`decide`). Where they hid, the racks keep the half period, their averages in flight, and the
-    trial ends; else the period as built comes back and the trial of both ways runs after the probe.
+    period): after one period as built, waited for (the sets' first ops, the probe of the global averages' way, which
+    calls it off where they cannot hide: :func:`hides_maybe`), two with the racks averaging every half period in
+    flight; at its last step the ranks gather how late each folded them in (:meth:`decide`). Where they hid, the
+    racks keep the half period, their averages in flight, and the trial ends; else the period as built comes back
+    and the trial of both ways runs after the probe.
 
     Example::
 
@@ -141,3 +159,20 @@ def averages_cycle(cycle, average_every, global_every):
         return cycle
     every = global_every // average_every
     return every * cycle // math.gcd(every - 1, cycle)
+
+
+def global_places(plan, first, period, blocks):
+    """The averaging periods, of the ``blocks`` from step ``first`` on (``period`` steps each), that hold one of
+    ``plan``'s global averages (its ``action(step).kind``).
+
+    Example::
+
+        >>> from hvd_dssync.plan import SyncPlan
+        >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
+        ...                 average_every=4, global_every=16)
+        >>> global_places(plan, first=4, period=4, blocks=8)
+        (2, 6)
+    """
+    from .policy import GLOBAL
+    return tuple(k for k in range(blocks)
+                 if any(plan.action(s).kind == GLOBAL for s in range(first + k * period, first + (k + 1) * period)))

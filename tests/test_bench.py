@@ -545,13 +545,13 @@ def test_the_default_senses_again_when_the_link_between_the_racks_slows(tmp_path
 def test_the_default_decides_overlap_by_a_trial_alike_on_every_rank():
     """4 emulated hosts of one rank: the swap's overlap=None probes whether the racks' averages hide at half their
     period (the rule's outcome forced: yes) and every rank takes the same decision at the probe's last step, the
-    racks every 4 steps from the start; on the sensed racks, whose route is "auto", the probe chose the global
+    racks every 4 steps from its second period; on the sensed racks, whose route is "auto", the probe chose the global
     averages' way, and logged it. Every rank holds the exact mean of the ranks' models after synchronize_models()
     (tests/workers/torch_overlap_hosts.py; the trial of both ways after a probe that says no: the Keras test)."""
     outputs = _on_four_hosts_in_two_racks("torch_overlap_hosts.py", "dssync-default", timeout=150)
     decided = [[line for line in out.splitlines() if line.startswith("OVERLAP ")] for out in outputs]
     assert all(len(lines) == 1 for lines in decided) and len({lines[0] for lines in decided}) == 1, outputs
-    assert decided[0][0].endswith(", every 4 from step 0"), decided[0]
+    assert decided[0][0].endswith(", every 4 from step 8"), decided[0]
     (logged,) = [line for line in outputs[0].splitlines() if line.startswith("LOGGED ")]
     assert re.search(r"global averages (over every rank, in flight(, in \d+ fragments)?|through the racks): a "
                      r"fragment's ring [\d.e-]+ s, the route priced", logged), logged

@@ -1,5 +1,6 @@
 """The racks' period where their averages hide (hvd_dssync.rhythm), and the policy that follows it
-(hvd_dssync.policy.Policy.quickened): the rule on recorded figures and on generated noisy ones."""
+(hvd_dssync.policy.Policy.with_period): the rule on recorded figures and on generated noisy ones, the probe that
+starts the default's trial at half the period."""
 import itertools
 
 import numpy as np
@@ -9,7 +10,7 @@ from hvd_dssync.config import quickens_racks
 from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
 from hvd_dssync.policy import GLOBAL, GROUP, Policy
-from hvd_dssync.rhythm import HIDING_PERIODS, quickened_every
+from hvd_dssync.rhythm import HIDING_PERIODS, hides_maybe, quickened_every
 
 # The steps after which the default's trial folded the racks' averages in, as each bench job logged it (every rank's
 # largest mean; 4 emulated hosts of one rank, 2 racks, unless said): the accelerator's 100 ms of compute a step, the
@@ -84,8 +85,8 @@ def test_only_the_period_the_default_picked_on_racks_may_quicken():
 @pytest.mark.parametrize("warmup, every, global_every, new, at", itertools.product(
     (0, 1, 3), (4, 8), (0, 8, 12, 32), (1, 2, 4), (0, 5, 40)))
 def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_every, new, at):
-    """The old rhythm up to the first start of one of its periods whose step before is not taken yet (``at`` on);
-    from there, the new period's pattern, the global averages where they were, and the schedule's groups in their
+    """The old rhythm up to the first start of one of its periods from ``at`` on (after ``at`` where the step before
+    was a global average, which sized its fragments by the old rhythm); from there, the new period's pattern, the global averages where they were, and the schedule's groups in their
     order (one schedule step a group average, none skipped); its configuration is the one it was built with; and
     back to the old period as far on, the same."""
     if every % new:
@@ -94,7 +95,7 @@ def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_e
     policy = before.with_period(at, new)
     start = policy.since[0]
     assert (start - warmup) % every == 0 and max(at, warmup) <= start < max(at + 1, warmup) + every
-    assert start - 1 >= at or at <= warmup or new == every  # the step before not taken yet (its fragments)
+    assert start > at or at <= warmup or new == every or before.action(at - 1) != GLOBAL  # its fragments
     assert [policy.action(t) for t in range(start)] == [before.action(t) for t in range(start)]
     fresh = Policy(warmup, global_every, new)
     assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(start, start + 96)]
@@ -131,19 +132,33 @@ def test_a_plan_quickens_the_racks_and_keeps_the_global_averages():
 def _trial_of_the_default(warmup=0):
     plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]], average_every=8,
                     global_every=32, warmup_steps=warmup, schedule_options={"intra_steps": None})
-    return OverlapTrial.of(plan, choose_globals=True, quickens=True)
+    trial = OverlapTrial.of(plan, choose_globals=True, quickens=True)
+    trial.plan = plan  # for the tests' own use
+    return trial
 
 
 def test_the_default_probes_whether_the_racks_hide_before_its_trial():
-    """Where DS-Sync chose the racks' period, the trial asks for half of it from the start: a waited period (the
-    global averages' probe at its end), two with the racks' averages in flight, the ranks deciding at its last step;
-    the trial of both ways after it, a period of set-up on."""
+    """Where DS-Sync chose the racks' period, the trial asks for half of it after a waited period, where the probe of
+    the global averages' way at its end says they may hide: two periods with the racks' averages in flight, the
+    ranks deciding at the last step; the trial of both ways after it, a period of set-up on."""
     trial = _trial_of_the_default(warmup=3)
-    assert trial.average_every == 4 and (trial.hiding.first, trial.hiding.step) == (11, 3 + HIDING_PERIODS * 8 - 1)
+    assert trial.average_every == 8 and trial.decide_globals([[0.09, 0.13]] * 4) == 8 and trial.average_every == 4
+    assert (trial.hiding.first, trial.hiding.step) == (11, 3 + HIDING_PERIODS * 8 - 1)
     assert trial._probe_step == 10 and trial.first == 3 + HIDING_PERIODS * 8 + 8
     assert [trial.overlap_at(s) for s in (10, 11, 26, 27, 34, trial.first + trial.length)] == [
         False, True, True, False, False, True]
-    assert trial.due(10) and trial.due(26) and not trial.due(27)
+    assert trial.due(26) and not trial.due(27)
+
+
+def test_where_a_ring_takes_more_than_two_local_steps_the_probe_is_called_off():
+    """The static headline's figures (a ring of an eighth of the model 0.06 s, a local step 0.01 s): no probe of the
+    racks' period, the trial where it would be without one (its halves from the second period on, the global
+    averages at their places there)."""
+    trial, plain = _trial_of_the_default(), OverlapTrial.of(_trial_of_the_default().plan, choose_globals=True)
+    assert trial.decide_globals([[0.06, 0.01]] * 4) == 0 and trial.hiding is None and trial.average_every == 8
+    assert (trial.first, trial.look, trial.last, trial.globals_at) == (plain.first, plain.look, plain.last,
+                                                                     plain.globals_at) == (8, 103, 135, (2, 6))
+    assert hides_maybe(0.13, 0.065) and not hides_maybe(0.131, 0.065) and not hides_maybe(float("nan"), 0.1)
 
 
 def _run(trial, folded_after, last):
@@ -155,7 +170,7 @@ def _run(trial, folded_after, last):
         started = step - folded_after
         folded = ("group", started) if started >= 0 and (started + 1) % 4 == 0 and (started + 1) % 32 else None
         decisions[step] = trial.step_ended(step, gather, local=(step + 1) % 4 != 0, folded=folded,
-                                           probe=lambda fragments: 0.01)
+                                           probe=lambda fragments: 0.0)  # a ring no slower than a local step
     return decisions
 
 

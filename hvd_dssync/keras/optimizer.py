@@ -330,9 +330,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             lossy ``compression``, the adaptive policy or elastic Horovod; embedding tables are then averaged
             densely. None (the default): where the averages cross hosts, a trial of both ways after the warm-up
             decides, alike on every rank (:mod:`hvd_dssync.overlap`; :attr:`overlap` is None until then), as in
-            the PyTorch adapter, the global averages' fragments on their own; off on one host, under elastic
-            Horovod, with a lossy ``compression``, the adaptive policy or a table averaged by its rows. False:
-            every average is waited for.
+            the PyTorch adapter, the global averages' fragments on their own, and on racks whose period DS-Sync
+            chose, the probe of the racks every half period first (:mod:`hvd_dssync.rhythm`); off on one host,
+            under elastic Horovod, with a lossy ``compression``, the adaptive policy or a table averaged by its
+            rows. False: every average is waited for.
         sync: a :class:`hvd_dssync.SyncConfig` holding every DS-Sync argument above, instead of them (the
             same object builds the PyTorch optimizer and registers the groups: :func:`init`,
             :func:`add_process_set_groups`); with it, the keywords above keep their defaults. Its

@@ -98,6 +98,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             host, with a lossy compression, sparse averaging or the adaptive policy); a probe before it
             decides whether the global averages go through the racks, waited for, or over every rank, in
             flight, in as many fragments as hide behind a step each (``hvd_dssync.fragments.global_fragments``).
+            On racks whose period DS-Sync chose, a probe of the racks every half period in flight comes first:
+            where their averages hide, it keeps that period and overlap on (``hvd_dssync.rhythm``).
             False: every average is waited for.
         schedule_options: extra arguments for the named schedule (e.g. ``window_steps``).
         outer_momentum: momentum of an outer step after each average (SlowMo / DiLoCo style, outer learning

@@ -25,8 +25,9 @@ class OverlapChoice:
         choose_globals: the global averages may go through the racks or over every rank at once (the route is
             ``"auto"``): the trial decides which from a probe before its waited half (:func:`probe_ring`,
             :meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`).
-        quickens: the racks' period is the default's: the trial may halve it where their averages hide
-            (``trial.racks_every``: :mod:`hvd_dssync.rhythm`), which the optimizer's plan then follows.
+        quickens: the racks' period is the default's: the trial starts at half of it, keeps it where their averages
+            hide, else goes back (``trial.average_every``: :mod:`hvd_dssync.rhythm`), which the optimizer's plan
+            follows.
 
     Example::
 

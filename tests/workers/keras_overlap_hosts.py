@@ -19,9 +19,11 @@ import hvd_dssync.keras as dss
 import numpy as np
 import tensorflow as tf
 from hvd_dssync.overlap import OverlapTrial
+import hvd_dssync.rhythm
 from hvd_dssync.rhythm import HidingProbe
 
 hvd.init()
+hvd_dssync.rhythm.HIDING_RING_STEPS = float("inf")  # the probe of the racks' period runs whatever the ring took
 LR = 0.125  # a power of two: float32 sums stay exact
 decide, probe_decides = OverlapTrial.decide, HidingProbe.decide
 
@@ -52,11 +54,10 @@ def train(forced, fragments=None, quickened=False):
     def step():
         opt.apply_gradients([(gradient, kernel)])
 
-    # The trial's steps, of the period as built (the plan takes the half the probe tries from the start).
-    built = types.SimpleNamespace(policy=opt.policy.since[1], schedule=opt.schedule)
-    trial = OverlapTrial.of(built, quickens=True)
-    last, every = trial.last, built.policy.average_every
-    assert opt.policy.average_every == every // 2 and opt.policy.since[0] == 0, opt.policy
+    kinds = types.SimpleNamespace(policy=opt.policy, schedule=opt.schedule,
+                                  action=lambda t: types.SimpleNamespace(kind=opt.policy.action(t)))
+    trial = OverlapTrial.of(kinds, choose_globals=True, quickens=True)  # its steps
+    last, every = trial.last, opt.policy.average_every
     steps = last + (opt.policy.period() if quickened else 0) + 2 * every + 1  # past a switch, two periods on
     for k in range(steps):
         assert opt.overlap is None or k > (min(trial.hiding.step, trial.look) if forced is None else last), \
@@ -67,7 +68,8 @@ def train(forced, fragments=None, quickened=False):
             models = np.reshape(hvd.allgather(tf.reshape(kernel, [1, -1]), name="test_back"), [hvd.size(), -1])
             group = opt.schedule.group_of(hvd.rank(), opt.policy.schedule_step(k))
             assert opt.policy.action(k) == "local" and not np.array_equal(models[group[0]], models[group[1]]), k
-        if quickened and forced is False and opt.policy.average_every < every and k == opt.policy.since[0] + 3:
+        if quickened and forced is False and k > last and opt.policy.average_every < every and \
+                k == opt.policy.since[0] + 3:
             # The traced step follows the new rhythm: a rack's average, waited for, at the new period's first one
             # (the old rhythm's step there is local, where the rack's models differ).
             models = np.reshape(hvd.allgather(tf.reshape(kernel, [1, -1]), name="test_models"), [hvd.size(), -1])
