@@ -494,5 +494,6 @@ class OverlapTrial:
         stale = (f"; the others folded in {self.staleness:.2g} step{'' if self.staleness == 1 else 's'} late"
                  if math.isfinite(self.staleness) else "")
         if self.racks_every is not None:
-            stale += f": the racks every {self.racks_every} steps from the {'start' if hid else 'next period'}"
+            stale += f": the racks every {self.racks_every} steps from " + (f"step {self.hiding.first}" if hid else
+                                                                          "the next period")
         return f"overlap {'on' if self.overlapping else 'off'}{kinds} ({change}{cycle}{way}{stale})"

@@ -180,7 +180,7 @@ def test_where_the_racks_hide_the_trial_ends_after_the_probe():
     assert decisions[23] is True and [s for s, d in decisions.items() if d is not None] == [23]
     assert trial.overlap_at(24) and trial.average_every == 4 and trial.racks_every == 4 and trial.overlapping
     assert trial.describe().startswith("overlap on (the racks' averages hid in flight; global averages ")
-    assert trial.describe().endswith("the others folded in 1 step late: the racks every 4 steps from the start)")
+    assert trial.describe().endswith("the others folded in 1 step late: the racks every 4 steps from step 8)")
 
 
 def test_where_they_do_not_the_period_comes_back_and_the_trial_runs():

@@ -37,7 +37,7 @@ for step in range(steps):
     assert opt.overlap is (None if step < decided_at else True), (step, opt.overlap)
 assert opt.policy.average_every == every // 2 and opt.policy.since[0] == every, opt.policy  # after its first period
 assert re.search(r"^overlap on \(the racks' averages hid in flight; .*; the others folded in [\d.]+ steps? late: "
-                 r"the racks every 4 steps from the start\)$", opt.overlap_trial), opt.overlap_trial
+                 r"the racks every 4 steps from step 8\)$", opt.overlap_trial), opt.overlap_trial
 dss.synchronize_models(model)
 want = -LR * steps * sum(r + 1 for r in range(hvd.size())) / hvd.size()
 assert torch.allclose(model.weight, torch.full_like(model.weight, want), atol=1e-5), (model.weight.unique(), want)
