@@ -28,7 +28,7 @@ HIDES_WITHIN = 0.25  # the racks' averages hide where folded in within this shar
 MIN_FOLDS = 2  # ... on every rank, each having told at least this many folds
 HIDING_PERIODS = 3  # the probe's periods (of the period as built): one waited, two with the racks every half in flight
 HIDING_RING_STEPS = 2.0  # ... only where a ring of an eighth of the model across the racks took at most this many
-# local steps: on the static headline 3-13 (its racks' averages folded in 5.7-8 steps late), the accelerator 0.7-1.1.
+# local steps: on the static headline 3-18 (its racks' averages folded in 5.7-8 steps late), the accelerator 0.7-1.1.
 
 
 def staleness(folds, period):

@@ -111,7 +111,9 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         choose = (routes_global_averages(plan.schedule, "PyTorch")
                   and not routes_global_averages(plan.schedule, "PyTorch", overlapped=True))
         # Where DS-Sync picked the racks' period, the trial probes whether they hide at half of it first
-        # (hvd_dssync.rhythm): the plan takes the period it asks for.
+        # (hvd_dssync.rhythm): the plan takes the period it asks for. Not under elastic Horovod: a newcomer's
+        # plan would start from the period as built.
+        quickens = quickens and not elastic_job()
         self._overlap_choice = OverlapChoice(self._name, plan, choose, quickens) if trial else None
         self._follow_trial(self.sync_step)
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
