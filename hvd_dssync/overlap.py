@@ -258,7 +258,8 @@ class OverlapTrial:
                 decided = self.decide(gather(self.figures()), early=step < self.last)
         if self.hiding is not None and step >= self.hiding.step and not self.hiding.done:
             self.hiding.done = True  # decided, or missed (a job resumed past it): the period as built where not hid
-            self.average_every = self.average_every if self.hiding.racks_every else self.period
+            if self.hiding.racks_every is None:
+                self.average_every = self.period
         way = self.warms(step)
         if warm is not None and way is not None:
             warm(way)

@@ -114,9 +114,6 @@ class StepSync:
         # (hvd_dssync.rhythm): the plan takes the period it asks for.
         change = self._change_period if quickens else None
         self.choice = OverlapChoice(self.name, plan, process_set, change) if trial else None
-        asked = None if change is None or self.choice is None else self.choice.trial.average_every
-        if asked is not None and asked != plan.policy.average_every:
-            plan.change_period(0, asked)
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
         # A global average in flight goes in as many fragments as the trial chose, or as given (overlap=True).
         fragments_at = self.choice.fragments_at if trial else lambda step: global_fragments
@@ -305,8 +302,8 @@ class StepSync:
         warmup = self.plan.policy.warmup_steps
         offset = tf.math.floormod(tf.maximum(step - warmup, 0), len(self._table))
         window = self.adaptive.window
-        table = tf.constant(self._table) if window is None and self._rhythm is None else (
-            (window if window is not None else self._rhythm).read_value())
+        variable = window if window is not None else self._rhythm
+        table = tf.constant(self._table) if variable is None else variable.read_value()
         branch = tf.gather(table, offset)
         if warmup:
             branch = tf.where(step < warmup, tf.constant(KEEP_BRANCH, tf.int32), branch)

@@ -115,7 +115,6 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         # plan would start from the period as built.
         quickens = quickens and not elastic_job()
         self._overlap_choice = OverlapChoice(self._name, plan, choose, quickens) if trial else None
-        self._follow_trial(self.sync_step)
         # Under elastic Horovod a worker that joins builds its optimizer while the others are inside
         # hvd.elastic.run's state sync, so no collective may run here; the first step checks instead.
         self._world_check_pending = elastic_job()
@@ -386,7 +385,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
         every = None if self._overlap_choice is None else self._overlap_choice.trial.average_every
         if every is not None and every != self._plan.policy.average_every:
             start = self._plan.change_period(step, every)
-            if self._scope.rank == 0 and step > 0:
+            if self._scope.rank == 0:
                 log.info(f"hvd_dssync: the racks average every {every} steps from step {start}")
 
     def _follow_network(self, config):
