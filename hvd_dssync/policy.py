@@ -60,6 +60,8 @@ class Policy:
         self.global_every = _positive_int("global_every", global_every, 0)
         self.average_every = _positive_int("average_every", average_every, 1)
         self.since = None  # with_period: (the step from which average_every holds, the policy before it)
+        # with_period: no group average within this many steps of a global average's start (0: none skipped).
+        self.global_span = 0
 
     def with_period(self, step, average_every):
         """This policy up to the first start of an averaging period of both this rhythm and the new one (a whole
@@ -67,17 +69,21 @@ class Policy:
         ``average_every`` steps, a divisor or a multiple of this policy's: the global averages stay where they were
         and the schedule's groups go on in their order. ``step`` is the first step not taken yet; a shorter period
         starts after it where the step before was a global average (it sized its fragments by the steps to the next
-        average, :meth:`steps_to_next_average`). Returns the new policy (its
+        average, :meth:`steps_to_next_average`). Where the new period is shorter than the one built, the group
+        averages wait the period built after each global average (:attr:`global_span`; where the global averages
+        come every whole number of it, more than one): a global average in
+        flight goes in a fragment a step until the next average, and a ring across the racks of an eighth of the
+        model hides behind a step where one of a quarter does not (docs/tuning.md). Returns the new policy (its
         :attr:`since` holds where it starts); its :meth:`config` is the one built.
 
         Example::
 
             >>> p = Policy(warmup_steps=1, average_every=4, global_every=8).with_period(3, 2)
             >>> p.since[0], [p.action(t) for t in range(1, 17)]   # doctest: +NORMALIZE_WHITESPACE
-            (5, ['local', 'local', 'local', 'group', 'local', 'group', 'local', 'global', 'local', 'group', 'local',
+            (5, ['local', 'local', 'local', 'group', 'local', 'group', 'local', 'global', 'local', 'local', 'local',
                  'group', 'local', 'group', 'local', 'global'])
-            >>> [p.schedule_step(t) for t in (4, 6, 10)], p.steps_to_next_average(6)
-            ([1, 2, 3], 2)
+            >>> [p.schedule_step(t) for t in (4, 6, 12)], p.steps_to_next_average(8), p.steps_to_next_average(6)
+            ([1, 2, 3], 4, 2)
             >>> back = p.with_period(9, 4)   # and back: every 4 from step 9
             >>> back.since[0], [back.action(t) for t in range(9, 17)], back.schedule_step(12)
             (9, ['local', 'local', 'local', 'group', 'local', 'local', 'local', 'global'], 3)
@@ -95,6 +101,9 @@ class Policy:
         start = self.warmup_steps + -(-(first - self.warmup_steps) // longer) * longer
         policy = Policy(self.warmup_steps, self.global_every, every)
         policy.since = (start, self)
+        built = self.config()["average_every"]
+        if every < built and self.global_every > built and self.global_every % built == 0:
+            policy.global_span = built
         return policy
 
     def action(self, step):
@@ -105,7 +114,7 @@ class Policy:
         s = step - self.warmup_steps + 1
         if self.global_every and s % self.global_every == 0:
             return GLOBAL
-        if s % self.average_every == 0:
+        if s % self.average_every == 0 and not 0 < s % (self.global_every or 1) < self.global_span:
             return GROUP
         return LOCAL
 
@@ -140,6 +149,10 @@ class Policy:
         group_averages = done // self.average_every
         if self.global_every:
             group_averages -= done // self.period()
+        if self.global_span:  # those within a global average's span, (span - 1) // every of each global_every
+            cycles, spanned = divmod(done, self.global_every)
+            each = (self.global_span - 1) // self.average_every
+            group_averages -= cycles * each + min(each, spanned // self.average_every)
         return group_averages
 
     def steps_to_next_average(self, step):

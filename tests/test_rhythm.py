@@ -9,7 +9,7 @@ import pytest
 from hvd_dssync.config import quickens_racks
 from hvd_dssync.overlap import OverlapTrial
 from hvd_dssync.plan import SyncPlan
-from hvd_dssync.policy import GLOBAL, GROUP, Policy
+from hvd_dssync.policy import GLOBAL, GROUP, LOCAL, Policy
 from hvd_dssync.rhythm import HIDING_PERIODS, hides_maybe, quickened_every
 
 # The steps after which the default's trial folded the racks' averages in, as each bench job logged it (every rank's
@@ -98,7 +98,15 @@ def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_e
     assert start > at or at <= warmup or new == every or before.action(at - 1) != GLOBAL  # its fragments
     assert [policy.action(t) for t in range(start)] == [before.action(t) for t in range(start)]
     fresh = Policy(warmup, global_every, new)
-    assert [policy.action(t) for t in range(start, start + 96)] == [fresh.action(t) for t in range(start, start + 96)]
+    span = every if new < every and global_every > every and global_every % every == 0 else 0
+
+    def spanned(t):  # a group average within the period built after a global average's start: none
+        return 0 < (t - warmup + 1) % (global_every or 1) < span
+
+    assert [policy.action(t) for t in range(start, start + 96)] == [
+        LOCAL if spanned(t) else fresh.action(t) for t in range(start, start + 96)]
+    assert all(policy.steps_to_next_average(t) == every for t in range(start, start + 96)
+               if span and policy.action(t) == GLOBAL)
     scheduled = [policy.schedule_step(t) for t in range(start + 96) if policy.action(t) == GROUP]
     assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled)))
     assert policy.config() == before.config()
@@ -123,10 +131,11 @@ def test_a_plan_quickens_the_racks_and_keeps_the_global_averages():
     kinds = [plan.action(t).kind for t in range(64)]
     start = plan.change_period(10, 4)
     assert start == 16 and [plan.action(t).kind for t in range(16)] == kinds[:16]
-    assert [t for t in range(16, 72) if plan.action(t).kind == GROUP] == [19, 23, 27, 35, 39, 43, 47, 51, 55, 59, 67,
-                                                                          71]
+    # After each global average, the period built (its fragments span it: Policy.global_span).
+    assert [t for t in range(16, 72) if plan.action(t).kind == GROUP] == [19, 23, 27, 39, 43, 47, 51, 55, 59, 71]
     assert [t for t in range(96) if plan.action(t).kind == GLOBAL] == [31, 63, 95]
-    assert plan.action(35).group == (0, 1) and plan.config()["policy"]["average_every"] == 8
+    assert plan.policy.steps_to_next_average(31) == 8 and plan.policy.steps_to_next_average(39) == 4
+    assert plan.action(39).group == (0, 1) and plan.config()["policy"]["average_every"] == 8
 
 
 def _trial_of_the_default(warmup=0):
