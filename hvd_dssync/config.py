@@ -317,6 +317,17 @@ class SyncConfig:
         return replace(self, schedule=schedule, topology=topology, average_every=every, num_groups=num_groups,
                        global_every=global_every, schedule_options=options), sensed
 
+    def quickens_racks(self, resolved):
+        """Whether the default's trial may halve the racks' period of ``resolved``, this configuration as
+        :meth:`resolve` returned it: :func:`quickens_racks` of what was asked and the schedule it resolved to.
+
+        Example::
+
+            >>> SyncConfig().quickens_racks(SyncConfig(schedule="topology", average_every=8, topology=[[0, 1], [2, 3]]))
+            True
+        """
+        return quickens_racks(self.average_every, self.schedule, resolved.schedule, self.policy)
+
     @property
     def _racks(self):
         """``topology``, with racks still to be sensed (``"auto"``, until :meth:`resolve`) as none."""

@@ -19,7 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import build, horovod_loop
-from ..config import config_of, quickens_racks, warn_num_groups
+from ..config import config_of, warn_num_groups
 from ..fragments import forced_fragments
 from ..plan import check_horovod_arguments
 from ..process_sets import elastic_job
@@ -382,7 +382,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     requested = config
     config, sensed = config.resolve(default_topology, job_topology, in_process_set, routes=False)
     # Where DS-Sync picked the racks' period, the trial of overlap may halve it (hvd_dssync.rhythm).
-    quickens = quickens_racks(requested.average_every, requested.schedule, config.schedule, requested.policy)
+    quickens = requested.quickens_racks(config)
     op_name = name or f"DSSync{type(optimizer).__name__}"
     if scope.outside:
         # This rank trains alone, as with Horovod: validated as the set's ranks are (at the set's first

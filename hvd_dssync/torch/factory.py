@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import torch
 
 from .. import build, horovod_loop
-from ..config import config_of, quickens_racks, warn_num_groups
+from ..config import config_of, warn_num_groups
 from ..guards import check_nccl_process_sets
 from ..plan import SyncPlan, check_horovod_arguments, routes_global_averages
 from ..resense import watches
@@ -181,5 +181,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
                   gradient_predivide_factor, sparse_as_dense,
                   process_set if in_process_set else hvd.global_process_set, config, plan, model, scope, sensed,
                   (requested, sensed) if watches(sensed, config.adaptive()) else None,
-                  quickens_racks(requested.average_every, requested.schedule, config.schedule, requested.policy))
+                  requested.quickens_racks(config))
     return wrapped
