@@ -107,6 +107,11 @@ def test_a_quickened_policy_goes_on_where_a_cycle_starts(warmup, every, global_e
         LOCAL if spanned(t) else fresh.action(t) for t in range(start, start + 96)]
     assert all(policy.steps_to_next_average(t) == every for t in range(start, start + 96)
                if span and policy.action(t) == GLOBAL)
+    # The Keras adapter's table of branches repeats every period(): the kinds do, and the schedule advances alike.
+    period = policy.period()
+    assert all(policy.action(t) == policy.action(t + period) for t in range(start, start + 96))
+    advance = {policy.schedule_step(t + period) - policy.schedule_step(t) for t in range(start, start + 96)}
+    assert len(advance) == 1, advance
     scheduled = [policy.schedule_step(t) for t in range(start + 96) if policy.action(t) == GROUP]
     assert scheduled == list(range(scheduled[0], scheduled[0] + len(scheduled)))
     assert policy.config() == before.config()
