@@ -71,10 +71,10 @@ class Policy:
         starts after it where the step before was a global average (it sized its fragments by the steps to the next
         average, :meth:`steps_to_next_average`). Where the new period is shorter than the one built, the group
         averages wait the period built after each global average (:attr:`global_span`; where the global averages
-        come every whole number of it, more than one): a global average in
-        flight goes in a fragment a step until the next average, and a ring across the racks of an eighth of the
-        model hides behind a step where one of a quarter does not (docs/tuning.md). Returns the new policy (its
-        :attr:`since` holds where it starts); its :meth:`config` is the one built.
+        come every whole number of it, more than one): a global average in flight goes in a fragment a step until
+        the next average, and a ring across the racks of an eighth of the model hides behind a step where one of a
+        quarter does not (docs/tuning.md). Returns the new policy (its :attr:`since` holds where it starts); its
+        :meth:`config` is the one built.
 
         Example::
 
