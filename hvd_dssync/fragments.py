@@ -1,11 +1,11 @@
 """A global average in flight in fragments: how many, and which part of the model each one sends.
 
-A global average in flight is folded in a step after it started (:func:`folds_now`), and a ring over every rank of
-the whole model does not hide behind one local step. So it goes in fragments: as many parts of the model, each sent at
-a step of its own and folded in at the next, as it takes for each ring to hide behind a step (:func:`global_fragments`),
-at most one a step until the next average. Both adapters cut the model by :func:`fragment_ranges`: the PyTorch adapter
-anywhere in a tensor, the Keras adapter between the rows of a variable (a traced step writes a slice of rows, not a run
-of elements). The default's trial times its first global average in fragments (:class:`FirstFragments`).
+A global average in flight is folded in a step after it started (:func:`hvd_dssync.overlap.folds_now`), and a
+ring over every rank of the whole model does not hide behind one local step. So it goes in fragments: as many
+parts of the model, each sent at a step of its own and folded in at the next, as it takes for each ring to hide
+behind a step (:func:`global_fragments`), at most one a step until the next average. Both adapters cut the model
+by :func:`fragment_ranges`: the PyTorch adapter anywhere in a tensor, the Keras adapter between the rows of a
+variable (a traced step writes a slice of rows, not a run of elements).
 
 Numpy only.
 """
@@ -13,45 +13,20 @@ import math
 
 import numpy as np
 
-from .policy import GLOBAL
-
 __all__ = ["global_fragments", "fragment_count", "fragment_ranges", "row_sizes", "row_fragments", "forced_fragments",
-           "FRAGMENTS_ENV", "GLOBAL_FOLD_STEPS", "folds_now", "FirstFragments", "KEEP_SHARE"]
+           "FRAGMENTS_ENV", "GLOBAL_FOLD_STEPS"]
 
 # overlap=True: how many fragments a global average in flight is split into (on every rank alike; 1 unless set).
 FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
 # A global average in flight (or a fragment of one) is folded in at most this many steps after it started, waited
-# for there (folds_now).
+# for there (hvd_dssync.overlap.folds_now).
 GLOBAL_FOLD_STEPS = 1
-# The default keeps a global average's fragments after the first one only where they left exposed less than this share
-# of what the route through the racks, waited for, was priced at (FirstFragments).
-KEEP_SHARE = 0.5
-
-
-def folds_now(kind, started, step, done):
-    """Whether local step ``step`` folds in the average in flight of ``kind`` (its action's) that started at step
-    ``started`` (``done``: a poll found it done): where it is done, and for a global average (or a fragment of
-    one: :mod:`hvd_dssync.fragments`) ``GLOBAL_FOLD_STEPS`` steps after it started at the latest, waited for
-    where it is not done. A rack's average in flight may run until the next average starts. A global average
-    may not: the racks drifted apart since the last one (``global_every`` steps, not a period), and each step
-    taken from those models before the fold keeps the ranks apart after it: folded a period late, the synthetic
-    parity task's rank 0 lost 2-3 points against Horovod's optimizer; one step late, it kept parity
-    (docs/tuning.md).
-
-    Example::
-
-        >>> folds_now("group", 1, 2, done=False), folds_now("global", 7, 8, done=False)
-        (False, True)
-        >>> folds_now("group", 1, 2, done=True)
-        True
-    """
-    return bool(done) or (kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
 
 
 def global_fragments(route_cost, local_step, world_size, period, through_racks=True, headroom=1.0):
     """How many fragments a global average in flight is split into (0: none goes in flight; it is waited for).
     Each fragment of the model is sent at a step of its own, one after the other, and folded in at the next step
-    (:func:`folds_now`): a ring over every rank of ``1/n`` of the model hides behind one local
+    (:func:`hvd_dssync.overlap.folds_now`): a ring over every rank of ``1/n`` of the model hides behind one local
     step where one of the whole model would not.
 
     ``route_cost`` is what a waited global average added to its period, in seconds. ``through_racks`` (the
@@ -181,51 +156,3 @@ def forced_fragments(environ):
     if count < 1:
         raise ValueError(f"hvd_dssync: {FRAGMENTS_ENV}={value!r}: expected a whole number of fragments, 1 or more")
     return count
-
-
-class FirstFragments:
-    """The first global average the default's trial sends in fragments, timed: its ``count`` steps from step ``at``,
-    each less the set-up's ``local_step`` (what they left exposed), on every rank; the ranks gather them at its last
-    step (:attr:`step`) and keep the fragments only where the ranks' median left exposed less than :data:`KEEP_SHARE`
-    of the waited route's price (``route_cost``: :meth:`hvd_dssync.overlap.OverlapTrial.decide_globals`). One
-    global average is little to go on, and its parts come in at as many steps: rank 0's model is at no step the
-    average of the ranks', where the route's waited average puts it there. So the fragments stay only where they
-    cost clearly less: unsure is the route. Recorded (``tests/test_overlap.py``): on the bench's ``accelerator``
-    0.07-0.37 of the route's price with 4 ranks on the 2 cores, 0.94-1.12 with 8 (the trial of both ways then chose
-    the route in each job), 0.62-1.10 at 50 ms of compute a step.
-
-    Example::
-
-        >>> first = FirstFragments(at=31, count=8, local_step=0.13, route_cost=0.5)
-        >>> for step in range(31, 39):
-        ...     first.note(step, 0.15)
-        >>> first.step, first.figures().round(2).tolist(), first.keeps([[0.16], [0.2], [0.1], [0.3]])
-        (38, [[0.16]], True)
-        >>> first.keeps([[0.3], [0.2], [0.25], [0.9]])   # half the route's price, or more: the route
-        False
-    """
-
-    def __init__(self, at, count, local_step, route_cost):
-        self.at, self.count = int(at), int(count)
-        self.local_step, self.route_cost = float(local_step), float(route_cost)
-        self.exposed = 0.0  # this rank's, so far
-        self.median = math.nan  # the ranks' (keeps)
-
-    @property
-    def step(self):
-        """The last step of its fragments, where the ranks gather what they left exposed."""
-        return self.at + self.count - 1
-
-    def note(self, step, seconds):
-        if self.at <= step <= self.step and math.isfinite(seconds):
-            self.exposed += float(seconds) - self.local_step
-
-    def figures(self):
-        """This rank's figure for :meth:`keeps`: one row."""
-        return np.array([[self.exposed]])
-
-    def keeps(self, gathered):
-        """From every rank's :meth:`figures`: whether the fragments stay (nothing finite: the route)."""
-        rows = np.asarray(gathered, dtype=float).reshape(-1)
-        self.median = float(np.median(rows)) if rows.size and np.isfinite(rows).all() else math.nan
-        return bool(self.median < KEEP_SHARE * self.route_cost)

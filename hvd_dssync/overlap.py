@@ -18,13 +18,12 @@ trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
 ="auto"``: through the racks, waited for, or over every rank at once, behind the steps), a probe after the set-up
 period chooses (:meth:`OverlapTrial.decide_globals`) and both halves send them that way: no waited route is timed
-where the fragments hide it. A global average in flight is folded in a step after it started, so it goes in fragments
-(:mod:`hvd_dssync.fragments`), each a ring that fits behind a local step; the route where even a period's fragments
-would leave more exposed than it costs, or where the first global average in fragments left half its price exposed
-(:class:`~hvd_dssync.fragments.FirstFragments`). The trial then keeps the fragments unless they cost more than the
-route's price beyond the noise, the other averages (the racks', the bridges) where their places of the cycle saved
-:data:`MIN_GAIN` in the share of a period after which the overlapped half folded them in (:func:`staleness`), beyond
-the noise (:meth:`OverlapTrial.decide`). The fragments, where chosen, are warmed first, untimed
+where the fragments hide it. A global average in flight is folded in a step after it started (:func:`folds_now`), so
+it goes in fragments (:mod:`hvd_dssync.fragments`), each a ring that fits behind a local step; the route where even
+a period's fragments would leave more exposed than it costs. The trial then keeps the fragments unless they cost more
+than the route's price beyond the noise, the other averages (the racks', the bridges) where their places of the cycle
+saved :data:`MIN_GAIN` in the share of a period after which the overlapped half folded them in (:func:`staleness`),
+beyond the noise (:meth:`OverlapTrial.decide`). The fragments, where chosen, are warmed first, untimed
 (:meth:`OverlapTrial.warms`). Where the racks' period is the default's, a probe of whether their averages hide at
 half of it comes first, and may end the trial (:mod:`hvd_dssync.rhythm`: :attr:`OverlapTrial.average_every`).
 
@@ -35,10 +34,10 @@ import time
 
 import numpy as np
 
-from .fragments import GLOBAL_FOLD_STEPS, FirstFragments, global_fragments
+from .fragments import GLOBAL_FOLD_STEPS, global_fragments
 from .rhythm import HidingProbe, averages_cycle, global_places, hides_maybe, quickened_every, replicates, staleness
 
-__all__ = ["OverlapTrial", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
+__all__ = ["OverlapTrial", "folds_now", "runs_trial", "replicates", "averages_cycle", "global_places", "staleness",
            "quickened_every", "TRIAL_PERIODS", "MIN_GAIN", "MIN_T"]
 
 TRIAL_PERIODS = 4  # averaging periods timed each way
@@ -50,6 +49,27 @@ MIN_T = 2.5
 # (it shares the host with the compute and the folds): on 2 shared cores, 5-6 fragments that the probe said would each
 # hide behind a step left each fold 0.03-0.15 s to wait for.
 IN_FLIGHT_HEADROOM = 2.0
+
+
+def folds_now(kind, started, step, done):
+    """Whether local step ``step`` folds in the average in flight of ``kind`` (its action's) that started at step
+    ``started`` (``done``: a poll found it done): where it is done, and for a global average (or a fragment of
+    one: :mod:`hvd_dssync.fragments`) ``GLOBAL_FOLD_STEPS`` steps after it started at the latest, waited for
+    where it is not done. A rack's average in flight may run until the next average starts. A global average
+    may not: the racks drifted apart since the last one (``global_every`` steps, not a period), and each step
+    taken from those models before the fold keeps the ranks apart after it: folded a period late, the synthetic
+    parity task's rank 0 lost 2-3 points against Horovod's optimizer; one step late, it kept parity
+    (docs/tuning.md).
+
+    Example::
+
+        >>> folds_now("group", 1, 2, done=False), folds_now("global", 7, 8, done=False)
+        (False, True)
+        >>> folds_now("group", 1, 2, done=True)
+        True
+    """
+    from .policy import GLOBAL
+    return bool(done) or (kind == GLOBAL and step - started >= GLOBAL_FOLD_STEPS)
 
 
 def runs_trial(overlap, lossy_compression, adaptive, world_size, several_hosts):
@@ -134,8 +154,6 @@ class OverlapTrial:
         self.quickens = False  # the period is the default's: the racks may average more often where they hide
         self.racks_every = None  # decide: the racks' period from the next period on, where quickened (rhythm)
         self.average_every = self.period  # the racks' period it asks for now
-        self.global_every = 0  # the plan's (of): where the first global average in fragments comes (decide_globals)
-        self.first_fragments = None  # that one, timed (FirstFragments): the fragments stay or go after it
 
     @classmethod
     def of(cls, plan, choose_globals=False, through_racks=True, quickens=False):
@@ -155,7 +173,7 @@ class OverlapTrial:
             trial._plain = (trial._plain[0], global_places(plan, trial._plain[0], trial.period, trial.blocks))
         elif hiding:  # no probe of the global averages' way to start the racks' from: none
             trial._call_off()
-        trial.quickens, trial.global_every = bool(quickens), policy.global_every
+        trial.quickens = bool(quickens)
         return trial
 
     def _place(self, first):
@@ -202,7 +220,7 @@ class OverlapTrial:
     def note_fold(self, step, kind, started):
         """An average in flight of ``kind``, started at step ``started``, was folded in at ``step``: in the
         overlapped half, what :meth:`decide` weighs the other averages' saving against (:func:`staleness`). A global
-        average's fragments are folded in a step after they started (:func:`~hvd_dssync.fragments.folds_now`): not counted."""
+        average's fragments are folded in a step after they started (:func:`folds_now`): not counted."""
         from .policy import GLOBAL
         if self.decided is None and kind != GLOBAL and self.first + self.length <= started <= self.last:
             self._folds += (step - started, 1)
@@ -225,14 +243,11 @@ class OverlapTrial:
         optimizer's ranks of the first of that many fragments of the model, after an untimed one; none: unsure, the
         route). Where :meth:`warms` says, ``warm(fragments)`` (the adapter's op of the first of that many fragments,
         every rank at the same step), untimed. Returns the decision on overlap taken at this step, or None."""
-        seconds = math.nan if self._last_end is None else time.perf_counter() - self._last_end
-        self.note(step, seconds, local)
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.note(step, now - self._last_end, local)
         if folded is not None:
             self.note_fold(step, *folded)
-        if self.first_fragments is not None:
-            self.first_fragments.note(step, seconds)
-            if step == self.first_fragments.step:
-                self._check_first_fragments(step, gather(self.first_fragments.figures()))
         decided = None
         if self.due(step):
             if step == self._probe_step:
@@ -305,7 +320,7 @@ class OverlapTrial:
         fixed costs make it no less); the route's bridge sends ``2 (w - 1) / w`` times fewer bytes across the racks
         than that ring over ``w`` ranks (:attr:`route_cost`, until :meth:`decide` adds a rack's average; where the
         adapter has no route, the ring itself). What could hide each fragment is the ``GLOBAL_FOLD_STEPS`` local steps
-        before its fold (:func:`~hvd_dssync.fragments.folds_now`). The medians over the ranks (a rank that entered the probe late timed
+        before its fold (:func:`folds_now`). The medians over the ranks (a rank that entered the probe late timed
         less); NaN (nothing timed) keeps them waited.
 
         Example::
@@ -325,27 +340,11 @@ class OverlapTrial:
         self._bridge = self.probe * self.period / share
         self.global_fragments = global_fragments(self._bridge, self.local_step, self.world_size, self.period,
                                                  self.through_racks, IN_FLIGHT_HEADROOM)
-        if self.global_fragments and self.global_every:  # the first global average after this step, timed
-            at = self._setup_start - 1 + self.global_every * ((self._probe_step - self._setup_start + 1) //
-                                                              self.global_every + 1)
-            self.first_fragments = FirstFragments(at, self.global_fragments, self.local_step, self.route_cost)
         if self.hiding is not None and hides_maybe(self.probe, self.local_step):
             self.average_every = self.hiding.every  # the probe of the racks' period from the next step
         elif self.hiding is not None:
             self._call_off()
         return self.global_fragments
-
-    def _check_first_fragments(self, step, gathered):
-        """At the first global average's last fragment (``step``), from every rank's :class:`FirstFragments` figures:
-        where they left too much exposed, the global averages take the route from the next one on; where the trial's
-        timed periods held them, its halves start again whole cycles later (the global averages at the same places)."""
-        if self.first_fragments.keeps(gathered):
-            return
-        self.global_fragments = 0
-        if self.decided is None and self.first <= step:
-            cycle = self.cycle * self.period
-            self._place(self.first + cycle * -(-(step + 1 - self.first) // cycle))
-            self._seconds[:], self._folds[:] = 0.0, 0.0
 
     @property
     def route_cost(self):
@@ -484,10 +483,7 @@ class OverlapTrial:
             flight = "over every rank, in flight" + (f", in {self.global_fragments} fragments"
                                                      if self.global_fragments > 1 else "")
             waited, cost = ("through the racks", "the route") if self.through_racks else ("waited", "one waited")
-            first = math.nan if self.first_fragments is None else self.first_fragments.median
-            exposed = "".join(f", the {what} {value:.2g} s" for what, value in (("first fragments", first),
-                                                                               ("fragments", self.exposure))
-                              if math.isfinite(value))
+            exposed = f", the fragments {self.exposure:.2g} s" if math.isfinite(self.exposure) else ""
             way = (f"; global averages {flight if self.globals_in_flight else waited}: a fragment's ring "
                    f"{self.probe:.2g} s, {cost} priced {self.route_cost:.2g} s{exposed}, a local step "
                    f"{self.local_step:.3g} s")

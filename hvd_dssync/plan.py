@@ -229,7 +229,7 @@ def routes_global_averages(schedule, adapter, lossy_compression=False, adaptive=
     rank): ``global_via_bridges=True`` raises a ``ValueError`` naming what stands in the way, ``"auto"`` (the
     default on racks in the PyTorch adapter) averages over every rank at once. With ``overlap=True``
     (``overlapped``) the route's three averages would each wait for the one before: ``"auto"`` averages over
-    every rank at once, behind the next steps (:func:`hvd_dssync.fragments.folds_now`, in fragments where the
+    every rank at once, behind the next steps (:func:`hvd_dssync.overlap.folds_now`, in fragments where the
     optimizer says: :func:`hvd_dssync.fragments.global_fragments`); ``True`` keeps the
     route, waited for, while the group averages run behind the steps (the default's trial of overlap chooses
     between the two where it is "auto"). A pure function of its arguments: every rank decides or raises alike.

@@ -4,9 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_dssync.fragments import (FRAGMENTS_ENV, GLOBAL_FOLD_STEPS, KEEP_SHARE, FirstFragments, folds_now,
-                                  forced_fragments, fragment_ranges, global_fragments)
-from hvd_dssync.overlap import MIN_GAIN, OverlapTrial, runs_trial, staleness
+from hvd_dssync.fragments import FRAGMENTS_ENV, GLOBAL_FOLD_STEPS, forced_fragments, fragment_ranges, global_fragments
+from hvd_dssync.overlap import MIN_GAIN, OverlapTrial, folds_now, runs_trial, staleness
 
 
 def run_trials(trials, seconds):
@@ -616,88 +615,3 @@ def test_the_fragments_are_kept_by_what_they_left_exposed_against_the_routes_pri
         assert len({t.global_fragments for t in trials}) == 1
         chosen += first.global_fragments > 0
     assert chosen >= 95 if kept else chosen <= 10, chosen
-
-
-# What the first global average in 8 fragments left exposed on rank 0 (its 8 steps, each less the set-up's local step)
-# and the route's price, as each bench job logged them (`accelerator`, 2026-12-05): 4 ranks (the racks every 4 steps,
-# 8 after a global average), 8 ranks on the 2 cores, 4 ranks at 50 ms of compute a step.
-FIRST_FRAGMENTS_4_RANKS = [(0.17, 0.50), (0.04, 0.51), (0.09, 0.50), (0.19, 0.50), (0.15, 0.50), (0.13, 0.48),
-                           (0.16, 0.48)]
-FIRST_FRAGMENTS_8_RANKS = [(0.77, 0.82), (0.87, 0.78), (0.69, 0.69)]
-FIRST_FRAGMENTS_50_MS = [(0.48, 0.53), (0.41, 0.67), (0.64, 0.63), (0.50, 0.50), (0.48, 0.68), (0.38, 0.51),
-                         (0.50, 0.66), (0.51, 0.56), (0.52, 0.65), (0.54, 0.67), (0.55, 0.61), (0.55, 0.50),
-                         (0.50, 0.59)]
-
-
-def test_the_first_fragments_on_recorded_figures():
-    """The fragments stay with 4 ranks at 100 ms of compute a step (they left 0.04-0.19 s of the route's 0.5 s exposed),
-    and go where they left about the route's price: 8 ranks on the 2 cores (where the trial of both ways chose the
-    route in each job, after 128-160 steps of fragments), and 50 ms of compute a step."""
-    def keeps(exposed, route):
-        return FirstFragments(31, 8, 0.13, route).keeps([[exposed]] * 4)
-
-    assert all(keeps(*figures) for figures in FIRST_FRAGMENTS_4_RANKS)
-    assert not any(keeps(*figures) for figures in FIRST_FRAGMENTS_8_RANKS + FIRST_FRAGMENTS_50_MS)
-    assert not FirstFragments(31, 8, 0.13, 0.5).keeps([[math.nan]] * 4)  # nothing timed: unsure, the route
-
-
-@pytest.mark.parametrize("share, kept_at_least, kept_at_most", [(0.2, 1.0, 1.0), (0.35, 0.95, 1.0),
-                                                                (0.65, 0.0, 0.05), (1.0, 0.0, 0.0)])
-def test_the_first_fragments_under_noise(share, kept_at_least, kept_at_most):
-    """Generated (300 each): each of 4 ranks' 8 fragment steps a local step of 0.13 s (noise 0.1) and ``share`` of the
-    route's 0.5 s spread over them (noise 0.4): kept where they clearly cost less than half the route, never where
-    they cost it."""
-    rng = np.random.default_rng(int(100 * share))
-    kept = 0
-    for _ in range(300):
-        first = [FirstFragments(31, 8, 0.13, 0.5) for _ in range(4)]
-        for rank in first:
-            for step in range(31, 39):
-                rank.note(step, 0.13 * rng.lognormal(0, 0.1) + share * 0.5 / 8 * rng.lognormal(0, 0.4))
-        kept += first[0].keeps(np.concatenate([rank.figures() for rank in first]))
-    assert kept_at_least * 300 <= kept <= kept_at_most * 300, kept
-
-
-def _default_trial_on_a_clock(monkeypatch, quickens):
-    """The default's trial on 4 ranks in 2 racks (8 and 32 steps), its clock the test's: every step 0.13 s unless
-    ``step_ended`` is given more."""
-    import types
-
-    import hvd_dssync.overlap
-    from hvd_dssync.plan import SyncPlan
-    now = [0.0]
-    monkeypatch.setattr(hvd_dssync.overlap, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]], average_every=8,
-                    global_every=32, schedule_options={"intra_steps": None})
-    return OverlapTrial.of(plan, choose_globals=True, quickens=quickens), now
-
-
-@pytest.mark.parametrize("quickens", [False, True])
-@pytest.mark.parametrize("exposed, kept", [(0.1, True), (0.5, False)])
-def test_the_trial_times_the_first_global_average_in_fragments(exposed, kept, quickens, monkeypatch):
-    """After the probe chose 8 fragments (a ring of an eighth 0.1 s, a local step 0.13 s: the route priced 0.53 s),
-    the first global average (step 31) is timed: its 8 steps ``exposed`` s longer in all; the ranks gather at its last
-    step (38) alone. Where they left too much exposed, the global averages take the route from the next one, and a
-    trial that timed those steps starts its halves again a cycle later (the global averages at the same places);
-    where the racks hid (``quickens``, their averages folded a step late), it had ended: only the way changes."""
-    trial, now = _default_trial_on_a_clock(monkeypatch, quickens)
-    gathered = []
-
-    def gather(figures):
-        gathered.append(step)
-        return np.concatenate([figures] * 4)
-
-    first, globals_at = trial.first, trial.globals_at
-    for step in range(40):
-        now[0] += 0.13 + (exposed / 8 if 31 <= step <= 38 else 0.0)
-        folded = ("group", step - 1) if quickens and step % 4 == 0 and step % 32 else None
-        trial.step_ended(step, gather, local=(step + 1) % 8 != 0, folded=folded, probe=lambda count: 0.1)
-    assert trial.first_fragments.at == 31 and trial.first_fragments.step == 38
-    assert 38 in gathered and all(step in (trial._probe_step, 23, 38) for step in gathered), gathered
-    assert trial.global_fragments == (8 if kept else 0) and trial.globals_at == globals_at
-    assert trial.decided is (True if quickens else None)
-    if quickens:
-        assert trial.first == first
-    else:
-        assert trial.first == (first if kept else first + 32) and trial.first > (0 if kept else 38)
-        assert kept or not trial.figures()[0, :2 * trial.blocks].any()

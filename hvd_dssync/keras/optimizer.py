@@ -322,7 +322,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             ``compression``, averages densely. ``False``: dense.
         overlap: True starts each average on a thread of its own: it runs behind the local steps that follow
             and is folded in at the first step that finds it done, at the latest where the next average starts
-            (a global average, the step after it started: :func:`hvd_dssync.fragments.folds_now`;
+            (a global average, the step after it started: :func:`hvd_dssync.overlap.folds_now`;
             ``model += average - sent``, keeping the progress made meanwhile; :mod:`hvd_dssync.keras.overlap`).
             A global average goes whole, or in ``HVD_DSSYNC_GLOBAL_FRAGMENTS`` fragments, each sent at a step of
             its own and folded in at the next (:mod:`hvd_dssync.fragments`). ``synchronize_models``, the exit and

@@ -1,6 +1,6 @@
 """Overlap for the Keras adapter (``overlap=True``): a step's average runs behind the local steps that follow
 and is folded in as ``model += average - sent`` at the first step that finds it done (a poll), at the latest
-where the next average starts (a global one, a step after it started: :func:`hvd_dssync.fragments.folds_now`),
+where the next average starts (a global one, a step after it started: :func:`hvd_dssync.overlap.folds_now`),
 as in the PyTorch adapter.
 
 A traced step cannot leave a Horovod op in flight: a ``tf.function`` returns once all its ops are done. So
@@ -24,8 +24,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..fragments import folds_now, fragment_count, row_fragments, row_sizes
+from ..fragments import fragment_count, row_fragments, row_sizes
 from ..guards import step_signature
+from ..overlap import folds_now
 from ..plan import GLOBAL
 from .switch import GLOBAL_BRANCH, KEEP_BRANCH
 
@@ -120,7 +121,7 @@ class OverlappedAveraging:
 
     def average(self, switch, variables, step, branch, check):
         """An op: fold in the average in flight where it is done (a poll) or, waiting for it, where this step
-        averages (``branch``) or a global one (or a fragment of one) is due (:func:`hvd_dssync.fragments.folds_now`);
+        averages (``branch``) or a global one (or a fragment of one) is due (:func:`hvd_dssync.overlap.folds_now`);
         send the next fragment of a global average going in fragments; then start this step's."""
         self._last = (switch, list(variables))
         averaging = tf.not_equal(branch, KEEP_BRANCH)

@@ -13,7 +13,8 @@ import horovod.torch as hvd
 import torch
 
 from ..differences import compress_difference, mix_difference
-from ..fragments import folds_now, fragment_count, fragment_ranges
+from ..fragments import fragment_count, fragment_ranges
+from ..overlap import folds_now
 from ..plan import GLOBAL, GROUP, LOCAL, carry_fate, ring_allreduce_bytes, routes_global_averages
 from ..world import Done
 from . import collectives
@@ -42,7 +43,7 @@ class Averaging:
         average_buffers: False keeps the buffers local.
         overlap: start the average asynchronously; it runs through the local steps that follow and is folded
             in once done, at the latest where the next average starts (a global one a step after it started:
-            :func:`hvd_dssync.fragments.folds_now`). Given True, a global average on racks goes over every rank
+            :func:`hvd_dssync.overlap.folds_now`). Given True, a global average on racks goes over every rank
             at once, behind the steps, where the route is "auto" (asked for, the route is kept, waited for), in
             ``global_fragments`` fragments (1 unless :data:`hvd_dssync.fragments.FRAGMENTS_ENV` says more). The
             default's trial sets ``overlap`` and ``global_fragments`` per step

@@ -89,7 +89,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=hvd.Compr
             folded in (``model += average - sent``, keeping the progress made meanwhile) once done, at the
             latest where the next average starts; ``synchronize_models``, ``state_dict``, the exit drain and
             evaluating ``model`` fold it in first. A global average on racks then goes over every rank at
-            once, folded in the step after it started (``hvd_dssync.fragments.folds_now``), one op, or in as
+            once, folded in the step after it started (``hvd_dssync.overlap.folds_now``), one op, or in as
             many fragments as ``HVD_DSSYNC_GLOBAL_FRAGMENTS`` says (each a part of the model sent at a step of
             its own, folded in at the next); beside ``global_via_bridges=True`` it keeps the route, waited for
             (its three averages would each wait for the one before).
