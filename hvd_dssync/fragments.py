@@ -23,7 +23,7 @@ FRAGMENTS_ENV = "HVD_DSSYNC_GLOBAL_FRAGMENTS"
 GLOBAL_FOLD_STEPS = 1
 
 
-def global_fragments(route_cost, local_step, world_size, period, through_racks=True, headroom=1.0, steps=None):
+def global_fragments(route_cost, local_step, world_size, period, through_racks=True, headroom=1.0):
     """How many fragments a global average in flight is split into (0: none goes in flight; it is waited for).
     Each fragment of the model is sent at a step of its own, one after the other, and folded in at the next step
     (:func:`hvd_dssync.overlap.folds_now`): a ring over every rank of ``1/n`` of the model hides behind one local
@@ -38,9 +38,7 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     hides. What ``period`` fragments leave exposed is waited for at their folds: in flight only where that is less
     than the waited average's whole cost. Nothing timed (NaN): waited. ``headroom``: so many times more fragments
     (at most ``period``), each then a shorter ring, where a ring in flight may take longer than timed alone; what
-    they leave exposed is still weighed at the ring's time. ``steps``: the most steps the fragments may take where
-    more than ``period`` (:meth:`hvd_dssync.plan.SyncPlan.fragment_steps`): as many fragments at most, the choice
-    of the way still weighed over a period's (on a busy host a fragment's ring does not hide, whatever its size).
+    they leave exposed is still weighed at the ring's time.
 
     Example::
 
@@ -52,8 +50,6 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
         8
         >>> global_fragments(0.5, 0.15, 4, 8), global_fragments(0.5, 0.15, 4, 8, headroom=2.0)
         (5, 8)
-        >>> global_fragments(0.5, 0.15, 4, 8, headroom=2.0, steps=16), global_fragments(0.32, 0.01, 4, 8, steps=16)
-        (10, 0)
     """
     share = 2.0 * (world_size - 1) / world_size if world_size > 1 and through_racks else 1.0
     hiding = GLOBAL_FOLD_STEPS * local_step
@@ -64,12 +60,13 @@ def global_fragments(route_cost, local_step, world_size, period, through_racks=T
     fitting = min(max(1, math.ceil(need - 1e-9)), most)  # each ring within a step, as far as the period allows
     if not share * route_cost - fitting * hiding < route_cost:
         return 0
-    return min(max(fitting, math.ceil(headroom * need - 1e-9)), max(most, int(steps or 0)))
+    return min(max(fitting, math.ceil(headroom * need - 1e-9)), most)
 
 
 def fragment_count(count, steps):
     """How many fragments a global average goes in, given ``count`` (the trial's or the forced one): at most one a
-    step over the ``steps`` it may take (:meth:`hvd_dssync.plan.SyncPlan.fragment_steps`; 1 or less: whole).
+    step until the next average, ``steps`` steps on (:meth:`hvd_dssync.policy.Policy.steps_to_next_average`; 1 or
+    less: whole).
 
     Example::
 

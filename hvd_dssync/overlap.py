@@ -15,17 +15,17 @@ ranks' models some accuracy, spent for nothing where overlap does not pay). The 
 time alone, not what a stale average costs each step. ``overlap=True`` or ``False`` decides without a
 trial; so does a job on one host (:func:`runs_trial`), where it stays off.
 
-Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges="auto"``:
-through the racks, waited for, or over every rank at once, behind the steps), a probe after the set-up period chooses
-(:meth:`OverlapTrial.decide_globals`) and both halves send them that way: no waited route is timed where the fragments
-hide it. A global average in flight is folded in a step after it started (:func:`folds_now`), so it goes in fragments
-(:mod:`hvd_dssync.fragments`), each a ring that fits behind a local step; the route where even a period's fragments
-would leave more exposed than it costs. The trial keeps the fragments unless they cost more than the route's price
-beyond the noise, the other averages (the racks', the bridges) where their places of the cycle saved :data:`MIN_GAIN`
-in the share of a period after which the overlapped half folded them in (:func:`staleness`), beyond the noise
-(:meth:`OverlapTrial.decide`). The fragments, where chosen, are warmed first, untimed (:meth:`OverlapTrial.warms`).
-Where the racks' period is the default's, a probe of whether their averages hide at half of it comes first, and may end
-the trial (:mod:`hvd_dssync.rhythm`: :attr:`OverlapTrial.average_every`).
+Where the schedule's global averages may go either way (the topology-aware schedule's ``global_via_bridges
+="auto"``: through the racks, waited for, or over every rank at once, behind the steps), a probe after the set-up
+period chooses (:meth:`OverlapTrial.decide_globals`) and both halves send them that way: no waited route is timed
+where the fragments hide it. A global average in flight is folded in a step after it started (:func:`folds_now`), so
+it goes in fragments (:mod:`hvd_dssync.fragments`), each a ring that fits behind a local step; the route where even
+a period's fragments would leave more exposed than it costs. The trial then keeps the fragments unless they cost more
+than the route's price beyond the noise, the other averages (the racks', the bridges) where their places of the cycle
+saved :data:`MIN_GAIN` in the share of a period after which the overlapped half folded them in (:func:`staleness`),
+beyond the noise (:meth:`OverlapTrial.decide`). The fragments, where chosen, are warmed first, untimed
+(:meth:`OverlapTrial.warms`). Where the racks' period is the default's, a probe of whether their averages hide at
+half of it comes first, and may end the trial (:mod:`hvd_dssync.rhythm`: :attr:`OverlapTrial.average_every`).
 
 Numpy only; the adapter times its steps and supplies the allreduce.
 """
@@ -135,14 +135,14 @@ class OverlapTrial:
         self._place((self.hiding.end if hiding else int(start)) + self.period)  # one period of set-up untimed
         self._plain = (int(start) + self.period, ())  # where it goes where the probe is called off (_call_off)
         self.min_gain = float(min_gain)
-        self.decided, self.gain, self.early = None, math.nan, False  # True / False once decided; at the first look?
+        self.decided = None  # True / False once decided
+        self.gain = math.nan
+        self.early = False  # decided at the first look
         self._seconds = np.zeros(2 * self.blocks)  # each period's seconds: waited ones, then overlapped ones
         self.globals_at = tuple(int(k) for k in globals_at)
         self.world_size = int(world_size)  # the ranks a global average's ring runs over
         self.through_racks = bool(through_racks)
-        # The global averages in flight in this many fragments (0: the route), at most as many as the steps they
-        # may take (SyncPlan.fragment_steps: past the racks' averages waited for), the way chosen over a period.
-        self.global_fragments, self.most_fragments = 0, self.period
+        self.global_fragments = 0  # the global averages in flight, in this many fragments (0: the route)
         self._setup = []  # the set-up period's local steps' seconds: a local step, for decide_globals
         self.probe = self.local_step = math.nan  # what decide_globals weighed
         self._bridge = math.nan  # what the probe priced the route's bridge at
@@ -173,7 +173,7 @@ class OverlapTrial:
             trial._plain = (trial._plain[0], global_places(plan, trial._plain[0], trial.period, trial.blocks))
         elif hiding:  # no probe of the global averages' way to start the racks' from: none
             trial._call_off()
-        trial.quickens, trial.most_fragments = bool(quickens), max(trial.period, policy.global_every // 2)
+        trial.quickens = bool(quickens)
         return trial
 
     def _place(self, first):
@@ -339,7 +339,7 @@ class OverlapTrial:
         share = 2.0 * (self.world_size - 1) / self.world_size if self.through_racks and self.world_size > 1 else 1.0
         self._bridge = self.probe * self.period / share
         self.global_fragments = global_fragments(self._bridge, self.local_step, self.world_size, self.period,
-                                                 self.through_racks, IN_FLIGHT_HEADROOM, self.most_fragments)
+                                                 self.through_racks, IN_FLIGHT_HEADROOM)
         if self.hiding is not None and hides_maybe(self.probe, self.local_step):
             self.average_every = self.hiding.every  # the probe of the racks' period from the next step
         elif self.hiding is not None:

@@ -167,38 +167,6 @@ class SyncPlan:
             return None
         return self.schedule.global_route(self.rank, self._schedule_step(step))
 
-    def fragments_pass(self, step, groups_waited):
-        """Whether a global average's fragments (:mod:`hvd_dssync.fragments`) go on past ``step``'s average: a group
-        average waited for (``groups_waited``; one in flight would run beside a fragment), no exact bridge (which
-        sends the model its last average left). The fragment before it is folded in first and the next is sent
-        after it, so that the group averages the model as it is: never two averages in flight. The same on every
-        rank."""
-        return (bool(groups_waited) and self.adaptive is None and not self.schedule.has_bridges
-                and self.policy.action(step) == GROUP)
-
-    def fragment_steps(self, step, groups_waited=False):
-        """Over how many steps the global average at ``step`` may send its fragments, one a step
-        (:func:`hvd_dssync.fragments.fragment_count`): until the next average; past the group averages where they
-        pass (:meth:`fragments_pass`), up to half the steps between two global averages, so that every part of
-        the model is averaged over every rank in the first half of the cycle. A ring across the racks of a
-        sixteenth of the model hides behind a step of 50 ms of compute where one of an eighth does not
-        (docs/tuning.md).
-
-        Example::
-
-            >>> plan = SyncPlan(rank=0, world_size=4, schedule="topology", topology=[[0, 1], [2, 3]],
-            ...                 average_every=8, global_every=32, schedule_options={"intra_steps": None})
-            >>> plan.fragment_steps(31), plan.fragment_steps(31, groups_waited=True)   # a global average at step 31
-            (8, 16)
-        """
-        policy = self.policy
-        first = policy.steps_to_next_average(step)
-        most = max(first, policy.global_every // 2)
-        for ahead in range(first, most + 1):
-            if policy.action(step + ahead) != LOCAL and not self.fragments_pass(step + ahead, groups_waited):
-                return ahead
-        return most
-
     def partition(self, step):
         """Every group that averages at ``step``, on any rank: the schedule's partition, all ranks together for
         a bulk-synchronous or global step, none for a local step. Where knowledge carried by the averages

@@ -156,8 +156,7 @@ def test_the_default_probes_whether_the_racks_hide_before_its_trial():
     the global averages' way at its end says they may hide: two periods with the racks' averages in flight, the
     ranks deciding at the last step; the trial of both ways after it, a period of set-up on."""
     trial = _trial_of_the_default(warmup=3)
-    # 12 fragments: each ring hides behind a step, and 16 steps are theirs where the racks' averages are waited for
-    assert trial.average_every == 8 and trial.decide_globals([[0.09, 0.13]] * 4) == 12 and trial.average_every == 4
+    assert trial.average_every == 8 and trial.decide_globals([[0.09, 0.13]] * 4) == 8 and trial.average_every == 4
     assert (trial.hiding.first, trial.hiding.step) == (11, 3 + HIDING_PERIODS * 8 - 1)
     assert trial._probe_step == 10 and trial.first == 3 + HIDING_PERIODS * 8 + 8
     assert [trial.overlap_at(s) for s in (10, 11, 26, 27, 34, trial.first + trial.length)] == [

@@ -12,7 +12,7 @@ Every member issues the same averages in the same order, each from one thread, s
 sequence on every rank. :meth:`OverlappedAveraging.drain` folds in what is in flight eagerly: before
 ``synchronize_models`` and at exit.
 
-A global average may go in fragments (:mod:`hvd_dssync.fragments`: ``fragments_at(step, plan)`` says how many): the
+A global average may go in fragments (:mod:`hvd_dssync.fragments`: ``fragments_at(step)`` says how many): the
 model's variables cut between their rows, fragment ``k`` sent at the ``k``-th step after the global average's
 and folded in at the next, eagerly inside the step's ``tf.py_function`` (a slice of rows of each variable it
 touches; a traced slice would need every count's shapes at trace time, and the trial picks the count later).
@@ -112,7 +112,7 @@ class OverlappedAveraging:
         overlapped.drain()                                              # eagerly, where models must agree
     """
 
-    def __init__(self, guard, flight, kept, bridge, fragments_at=lambda step, plan: 1, on_fold=None):
+    def __init__(self, guard, flight, kept, bridge, fragments_at=lambda step: 1, on_fold=None):
         self.guard, self.flight, self.kept, self.bridge = guard, flight, kept, bridge
         self.fragments_at, self.on_fold = fragments_at, on_fold
         self._sent = {}  # per variable: what this rank sent (what its average's move is measured from)
@@ -154,18 +154,16 @@ class OverlappedAveraging:
         pending.set_shape([])
         return tf.cond(pending, lambda: self._fold(switch, variables), lambda: tf.constant(False))
 
-    def send_next_fragment(self, variables, step, averaging, plan=None):
-        """An op: where a global average goes in fragments and this step is the next one's, send it (the average
-        before it folded in first). An averaging step (``averaging``) drops what is left, but where the fragments
-        pass a group average waited for (given its ``plan``: :meth:`hvd_dssync.plan.SyncPlan.fragments_pass`; sent
-        after it); never where they take at most the steps they may (:meth:`_begin_fragments`)."""
-        def more(averaging, step):
-            if averaging and not (plan is not None and plan.fragments_pass(int(step), groups_waited=True)):
+    def send_next_fragment(self, variables, step, averaging):
+        """An op: where a global average goes in fragments and this step (a local one: ``averaging`` false) is
+        the next one's, send it (the average before it folded in first); an averaging step drops what is left
+        (never, where the fragments are at most the steps between two averages)."""
+        def more(averaging):
+            if averaging:
                 self._fragments = None
             return self._fragments is not None
 
-        going = tf.py_function(more, [averaging, tf.cast(step, tf.int64)], tf.bool,
-                               name=f"{self.flight.name}_overlap_fragments")
+        going = tf.py_function(more, [averaging], tf.bool, name=f"{self.flight.name}_overlap_fragments")
         going.set_shape([])
         return tf.cond(going, lambda: self._send_rows(variables, step), lambda: tf.constant(False))
 
@@ -253,10 +251,10 @@ class OverlappedAveraging:
 
     def _begin_fragments(self, switch, variables, step, branch):
         """Whether ``step``'s average (of switch branch ``branch``) is a global one going in fragments
-        (``fragments_at(step, plan)``, at most one a step over the steps they may take); if so, they begin here."""
+        (``fragments_at(step)``, at most one a step until the next average); if so, they begin here."""
         if branch != GLOBAL_BRANCH or switch.plan.action(step).kind != GLOBAL:
             return False
-        count = self.fragments_at(step, switch.plan)
+        count = fragment_count(self.fragments_at(step), switch.plan.policy.steps_to_next_average(step))
         if count > 1:
             shapes = [tuple(v.shape) for v in variables]
             self._fragments = Fragments(step, row_fragments(shapes, count), switch.process_set, row_sizes(shapes))

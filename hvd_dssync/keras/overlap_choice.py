@@ -14,7 +14,7 @@ import time
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..fragments import fragment_count, row_fragments
+from ..fragments import row_fragments
 from ..overlap import OverlapTrial
 from ..plan import GLOBAL, LOCAL
 
@@ -39,7 +39,7 @@ class OverlapChoice:
 
         choice = OverlapChoice("DSSyncSGD_0", plan, hvd.global_process_set)
         tf.cond(choice.overlapped, overlapped_average, waited_average)   # inside the traced step
-        choice.fragments_at(step, plan)                                  # a global average's fragments (Python)
+        choice.fragments_at(step)                                        # a global average's fragments (Python)
         choice.end_step(step, shapes, dtype)                             # after it (a tensor; an op)
     """
 
@@ -69,13 +69,9 @@ class OverlapChoice:
             return self.trial.fragments_at(step) > 0
         return self.trial.overlap_at(step)
 
-    def fragments_at(self, step, plan):
-        """In how many fragments ``step``'s global average goes in flight (1: whole), at most a step each over the
-        steps they may take (``plan``'s :meth:`~hvd_dssync.plan.SyncPlan.fragment_steps`: past the group averages
-        where those are waited for)."""
-        if not self.trial.globals_at:
-            return 1
-        return fragment_count(self.trial.fragments_at(step), plan.fragment_steps(step, not self.trial.overlap_at(step)))
+    def fragments_at(self, step):
+        """In how many fragments ``step``'s global average goes in flight (1: whole)."""
+        return self.trial.fragments_at(step) if self.trial.globals_at else 1
 
     def note_fold(self, step, kind, started):
         """An average in flight of ``kind``, started at step ``started``, folded in at ``step``: what the trial weighs

@@ -28,7 +28,6 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..fragments import fragment_count
 from ..overlap import runs_trial
 from ..plan import check_ranks_agree
 from ..process_sets import elastic_job, registry_for
@@ -117,8 +116,7 @@ class StepSync:
         self.choice = OverlapChoice(self.name, plan, process_set, change) if trial else None
         flight = InFlight(self.name) if config is not None and (config.overlap or trial) else None
         # A global average in flight goes in as many fragments as the trial chose, or as given (overlap=True).
-        fragments_at = self.choice.fragments_at if trial else (
-            lambda step, plan: fragment_count(global_fragments, plan.fragment_steps(step)))
+        fragments_at = self.choice.fragments_at if trial else lambda step: global_fragments
         self.averaging = Averaging(horovod_settings, process_set, self.guard, self.sparse, exact_average, flight,
                                    self.choice, fragments_at)
         # Set once this process's step has taken rank 0's counter (:meth:`adopt_root_step`). A variable,

@@ -145,12 +145,35 @@ class Averaging:
             self.registry.acquire(acquire, ordered=self.ordered_sets)
             self.registry.release(release)
 
+    def warm_window_sets(self, world):
+        """One tiny allreduce on each process set this rank belongs to among the first window's groups and
+        the later windows' groups already registered (statically, by :func:`init`), so that Horovod's
+        one-off set-up of a set's first collective is taken here and not by the first average in it. Only
+        where every rank belongs to as many of the sets: every Horovod op advances the counter that names a
+        script's unnamed ops."""
+        if world.in_process_set:
+            return
+        schedule, scope = world.plan.schedule, world.scope
+        size = scope.world_size
+        groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
+        sets = self.registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
+        groups = [g for g in groups if scope.to_global(g) in sets]
+        counts = {sum(position in g for g in groups) for position in range(size)}
+        if not groups or len(counts) != 1:
+            return
+        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{self.name}.warm.{k}", op=hvd.Sum,
+                                        process_set=sets[scope.to_global(g)])
+                   for k, g in enumerate(groups) if scope.rank in g]
+        for handle in handles:
+            collectives.wait(handle)
+
     def average_model(self, world, action, step):
         """The step's average of the model inside ``action``'s group (every rank of the scope at the same step).
 
         Returns what this step's synchronization did (:class:`hvd_dssync.world.Done`): with ``overlap``, the
         average folded in at this step (None at the first average), since this step's is in flight.
         """
+        guard, sparse = self.guard, self.sparse
         if action.kind == LOCAL:  # every rank takes its local steps together: no op on any rank
             # An average in flight runs on through the local steps and is folded in once done (a poll), at the
             # latest where the next average starts; a global one a step after it started (folds_now).
@@ -161,17 +184,6 @@ class Averaging:
             if self._fragments is not None:
                 self._send_fragment(world, step)
             return Done(action) if landed is None else landed
-        going, buffers = self._fragments, self._in_flight
-        done = self._average(world, action, step)
-        # A global average's fragments go on past a group average waited for: its next one sent after it.
-        if going is not None and world.plan.fragments_pass(step, groups_waited=not self.overlap):
-            self._fragments, self._in_flight = going, buffers
-            self._send_fragment(world, step)
-        return done
-
-    def _average(self, world, action, step):
-        """:meth:`average_model` at an averaging step."""
-        guard, sparse = self.guard, self.sparse
         finished = self.finish_pending(world)
         self._fragments = None  # one not sent before the next average (a fragment a step at most: none)
         carry, self._carry = (self._carry if carry_fate(action.kind) == "add" else None), None
@@ -265,8 +277,8 @@ class Averaging:
                 and self.compression is hvd.Compression.none and all(t.is_contiguous() for t in tensors))
 
     def _fragment_count(self, world, step):
-        """How many fragments ``step``'s global average goes in: at most a step each over the steps it may take."""
-        return fragment_count(self.global_fragments, world.plan.fragment_steps(step, groups_waited=not self.overlap))
+        """How many fragments ``step``'s global average goes in: at most a step each until the next average."""
+        return fragment_count(self.global_fragments, world.plan.policy.steps_to_next_average(step))
 
     def _send_fragment(self, world, step):
         """Send the fragment of the global average in fragments that is due at ``step`` (every rank of the scope

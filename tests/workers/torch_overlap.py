@@ -9,13 +9,11 @@ flight. The mean alone cannot tell what an exact bridge sent (a bridge keeps the
 with an average at every step (each folded in at the next, a fixed timing) every rank's weights are also
 checked against a reference of overlapped averaging. Usage: torch_overlap.py
 """
-import contextlib
 import os
 
 import common
 import horovod.torch as hvd
 import hvd_dssync.torch as dss
-import hvd_dssync.torch.optimizer as dss_optimizer
 import torch
 from common import behaviour, check, overlapped_reference
 from hvd_dssync.fragments import FRAGMENTS_ENV
@@ -70,10 +68,9 @@ def check_stale_fold_is_exact(steps, **kwargs):
           f"want the mean of what the ranks computed {want}")
 
 
-def check_folds_told(model, opt, kinds, steps, after_step=lambda step: None, waited=()):
+def check_folds_told(model, opt, kinds, steps, after_step=lambda step: None):
     """Steps 1 to ``steps - 1`` with a fold hook (``after_step(step)`` after each, its kind added to ``kinds``):
-    each step moves the model by its local step (``-lr * c``) plus what the hooks were told its folds added, but
-    the steps ``waited`` (whose averages, waited for, move it too)."""
+    each step moves the model by its local step (``-lr * c``) plus what the hooks were told its folds added."""
     told, moved = [], []  # each step's: what the hooks were told its folds added; what it moved beyond -lr * c
     opt.register_fold_hook(lambda moves: told[-1].add_(dict(moves)["weight"]))
     c = torch.full((1, 3), float(RANK + 1))
@@ -86,8 +83,6 @@ def check_folds_told(model, opt, kinds, steps, after_step=lambda step: None, wai
         kinds.append((opt.last_sync or {}).get("kind"))
         moved.append(model.weight.detach() - before + LR * c)
         after_step(step)
-    moved = [m for step, m in enumerate(moved, 1) if step not in waited]
-    told = [t for step, t in enumerate(told, 1) if step not in waited]
     check(any(m.abs().sum() > 0 for m in moved) and all(torch.allclose(t, m, atol=1e-5) for t, m in zip(told, moved)),
           f"the fold hooks told {[t.tolist() for t in told]}; the steps moved the model by "
           f"{[m.tolist() for m in moved]} beyond their local steps")
@@ -186,76 +181,41 @@ def check_route_kept_beside_overlap(steps):
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
 
 
-def check_global_average_in_fragments(steps, fragments=3, racks_waited=False):
+def check_global_average_in_fragments(steps, fragments=3):
     """``overlap=True`` with HVD_DSSYNC_GLOBAL_FRAGMENTS: a global average goes in fragments, one weight each (a
     weight of 3 in 3), sent at the global step and the two after it, each folded in at the next step. Right
     after fragment k's fold, weight k less this rank's own local step since (``-lr * c``) is the mean of the
     ranks' weight k when it was sent: the same on every rank. Each step moves the model by its local step plus
     what the fold hooks were told (whole tensors, zero outside the fragment), and synchronize_models leaves the
-    mean of what the ranks computed. ``racks_waited``: the default's trial with its outcome forced (overlap off,
-    the global averages in fragments, as it decides where only they hide), the racks every 2 steps: the third
-    fragment is sent right after the racks' average of the second step after the global one, waited for."""
-    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=2 if racks_waited else 4,
-                   global_every=8, schedule_options={"intra_steps": None})
-    if racks_waited:
-        options["schedule_options"]["global_via_bridges"] = "auto"
-        model, opt, kinds, _ = train(1, **options)
-        check(opt.overlap_trial == "overlap: on trial", f"the trial {opt.overlap_trial}")
-    else:
-        os.environ[FRAGMENTS_ENV] = str(fragments)
-        try:
-            model, opt, kinds, _ = train(1, overlap=True, **options)
-        finally:
-            del os.environ[FRAGMENTS_ENV]
+    mean of what the ranks computed."""
+    options = dict(schedule="topology", topology=[[0, 1], [2, 3]], average_every=4, global_every=8,
+                   schedule_options={"intra_steps": None})
+    os.environ[FRAGMENTS_ENV] = str(fragments)
+    try:
+        model, opt, kinds, _ = train(1, overlap=True, **options)
+    finally:
+        del os.environ[FRAGMENTS_ENV]
     plan = SyncPlan(rank=RANK, world_size=SIZE, **options)
     starts = [t for t in range(steps - fragments) if plan.action(t).kind == "global"]
-    passed = [t + 2 for t in starts if racks_waited and plan.action(t + 2).kind == "group"]
-    passed_at = []
     c = torch.full((1, 3), float(RANK + 1))
-    waited = [t for t in range(steps) if racks_waited and plan.action(t).kind == "group"]
-    rack = [r for r in range(SIZE) if r // 2 == RANK // 2]  # [0, 1] or [2, 3]: a waited average's own step
     folded = {}
 
     def after_step(step):
-        if step in passed and opt.in_flight:
-            passed_at.append(step)  # a fragment in flight right after the racks' average
         # After the fold of the fragment sent at the step before: its weight, less this step's own local step.
         k = next((step - 1 - s for s in starts if 0 <= step - 1 - s < fragments), None)
         if k is not None:
-            own = LR * (sum(r + 1 for r in rack) / len(rack) if step in waited else c[0, k].item())
-            agreed = hvd.allgather((model.weight.detach()[:, k] + own).reshape(1),
+            agreed = hvd.allgather((model.weight.detach()[:, k] + LR * c[:, k]).reshape(1),
                                    name=f"test.fragment.{step}").tolist()
             folded[step] = (k, agreed)
 
-    check_folds_told(model, opt, kinds, steps, after_step, waited)
+    check_folds_told(model, opt, kinds, steps, after_step)
     unequal = {step: got for step, (k, got) in folded.items() if max(got) - min(got) > 1e-5}
     check(starts and len(folded) == fragments * len(starts) and not unequal,
           f"global averages at steps {starts}; after each fragment's fold, its weight less the local step on each "
           f"rank: {folded}; unequal at {unequal}")
-    check(passed_at == passed and (passed or not racks_waited),
-          f"racks' averages waited for at steps {passed}, a fragment in flight after them at {passed_at}")
     dss.synchronize_models(model)
     want = computed_mean(steps)
     check(holds(model, want), f"after synchronize_models {model.weight.detach().reshape(-1).tolist()}, want {want}")
-
-
-@contextlib.contextmanager
-def forced_trial(fragments):
-    """The default's trial of overlap forced to run on this one host and to send the global averages in ``fragments``
-    fragments, the other averages waited for, and never to decide."""
-    forced = {"overlap_at": lambda self, step: False, "fragments_at": lambda self, step: fragments,
-              "due": lambda self, step: False}
-    saved = {name: getattr(OverlapTrial, name) for name in forced}
-    runs = dss_optimizer.runs_trial
-    try:
-        for name, method in forced.items():
-            setattr(OverlapTrial, name, method)
-        dss_optimizer.runs_trial = lambda *args: True
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(OverlapTrial, name, method)
-        dss_optimizer.runs_trial = runs
 
 
 def check_one_host_runs_no_trial():
@@ -277,9 +237,6 @@ with behaviour("overlap=True beside global averages through the racks on demand 
     check_route_kept_beside_overlap(21)
 with behaviour("a global average in flight in fragments, each folded in exactly at the next step"):
     check_global_average_in_fragments(20)
-with behaviour("a global average's fragments go on past the racks' averages waited for, each folded in exactly"):
-    with forced_trial(3):
-        check_global_average_in_fragments(20, racks_waited=True)
 with behaviour("one host runs no trial of overlap"):
     check_one_host_runs_no_trial()
 print(f"rank {RANK}: all checks passed", flush=True)
