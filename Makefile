@@ -60,7 +60,7 @@ bench-long-steps: setup
 # Accuracy of the defaults' candidate periods and PyTorch's averagers against Horovod's at a fixed epoch budget,
 # 4 tasks, 10 seeds, each configuration's difference from Horovod paired seed by seed with its bootstrap interval
 # (about 12 minutes; every configuration of parity.py: --configs, about 50).
-PARITY_CONFIGS := horovod,dssync-default,dssync-default-overlap,dssync-default-quickened,dssync-every-2,dssync-every-4,dssync-every-8,dssync-racks-8-global-32,dssync-one-group-every-8,dssync-one-group-every-16,postlocal-hierarchical-p8,postlocal-hierarchical-p16
+PARITY_CONFIGS := horovod,dssync-default,dssync-default-overlap,dssync-default-quickened,dssync-default-fragments,dssync-every-2,dssync-every-4,dssync-every-8,dssync-racks-8-global-32,dssync-one-group-every-8,dssync-one-group-every-16,postlocal-hierarchical-p8,postlocal-hierarchical-p16
 bench-parity: setup
 	mkdir -p bench-results && PATH=$(CURDIR)/.venv/bin:$$PATH PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1 HOROVOD_GLOO_IFACE=lo timeout -k 10 4800 \
 	    horovodrun -np 4 -H localhost:4 --gloo python -m hvd_dssync.bench.experiments.parity --seeds 0,1,2,3,4,5,6,7,8,9 \

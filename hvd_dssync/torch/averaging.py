@@ -145,28 +145,6 @@ class Averaging:
             self.registry.acquire(acquire, ordered=self.ordered_sets)
             self.registry.release(release)
 
-    def warm_window_sets(self, world):
-        """One tiny allreduce on each process set this rank belongs to among the first window's groups and
-        the later windows' groups already registered (statically, by :func:`init`), so that Horovod's
-        one-off set-up of a set's first collective is taken here and not by the first average in it. Only
-        where every rank belongs to as many of the sets: every Horovod op advances the counter that names a
-        script's unnamed ops."""
-        if world.in_process_set:
-            return
-        schedule, scope = world.plan.schedule, world.scope
-        size = scope.world_size
-        groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
-        sets = self.registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
-        groups = [g for g in groups if scope.to_global(g) in sets]
-        counts = {sum(position in g for g in groups) for position in range(size)}
-        if not groups or len(counts) != 1:
-            return
-        handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{self.name}.warm.{k}", op=hvd.Sum,
-                                        process_set=sets[scope.to_global(g)])
-                   for k, g in enumerate(groups) if scope.rank in g]
-        for handle in handles:
-            collectives.wait(handle)
-
     def average_model(self, world, action, step):
         """The step's average of the model inside ``action``'s group (every rank of the scope at the same step).
 

@@ -12,12 +12,13 @@ waits to be noticed. docs/build.md has what the blocking wait measured.
 import time
 
 import horovod.torch as hvd
+import torch
 from horovod.common.exceptions import HorovodInternalError
 
 from .. import build
 
-__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast", "LONGEST_SLEEP",
-           "SHUT_DOWN"]
+__all__ = ["wait", "grouped_allreduce", "grouped_allreduce_", "allreduce_", "allgather", "broadcast",
+           "warm_window_sets", "LONGEST_SLEEP", "SHUT_DOWN"]
 
 SHUT_DOWN = ("hvd_dssync: Horovod is shut down, so this step cannot average: another rank failed or exited early "
              "(its output says why), or hvd.shutdown() was called.")
@@ -99,3 +100,26 @@ def broadcast(tensor, root_rank, **kwargs):
         step = broadcast(torch.tensor([7.0]), 0, name="step", process_set=group)
     """
     return wait(hvd.broadcast_async(tensor, root_rank, **kwargs))
+
+
+def warm_window_sets(world, registry, name):
+    """One tiny allreduce on each process set this rank belongs to among the first window's groups and the later
+    windows' groups already registered (statically, by :func:`hvd_dssync.init`; ``registry``: the
+    :class:`hvd_dssync.process_sets.ProcessSetRegistry`), named after ``name``, so that Horovod's one-off set-up of
+    a set's first collective is taken here and not by the first average in it. Only where every rank belongs to as
+    many of the sets: every Horovod op advances the counter that names a script's unnamed ops."""
+    if world.in_process_set:
+        return
+    schedule, scope = world.plan.schedule, world.scope
+    size = scope.world_size
+    groups = sorted(set(schedule.window_groups(0)) | set(schedule.every_group() or ()))
+    sets = registry.registered(scope.to_global(g) for g in groups if 1 < len(g) < size)
+    groups = [g for g in groups if scope.to_global(g) in sets]
+    counts = {sum(position in g for g in groups) for position in range(size)}
+    if not groups or len(counts) != 1:
+        return
+    handles = [hvd.allreduce_async_(torch.zeros(1), name=f"{name}.warm.{k}", op=hvd.Sum,
+                                    process_set=sets[scope.to_global(g)])
+               for k, g in enumerate(groups) if scope.rank in g]
+    for handle in handles:
+        wait(handle)

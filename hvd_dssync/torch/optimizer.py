@@ -125,7 +125,7 @@ class DSSyncOptimizer(torch.optim.Optimizer):
             self._check_ranks_agree()
             # The first window's process sets now, with the agreement: not in the first average's time.
             self._averaging.enter_window(self._world(), self.sync_step)
-            self._averaging.warm_window_sets(self._world())
+            collectives.warm_window_sets(self._world(), self._registry, self._name)
         watch_until_exit(self)
         if model is not None and config.overlap is not False:
             hook = model.register_forward_pre_hook(_fold_before_evaluation(weakref.ref(self)))
