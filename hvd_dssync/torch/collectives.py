@@ -7,7 +7,8 @@ and from the Horovod threads that move the bytes. On the Horovod that scripts/se
 scripts/patches/waiting-handles.patch) ``hvd.synchronize`` blocks until the op's callback wakes it, as
 ``torch.distributed``'s ``Work.wait`` does, and :func:`wait` calls it. On any other Horovod a rank sleeps
 between polls instead, a little longer each time up to :data:`LONGEST_SLEEP`, which bounds what a finished op
-waits to be noticed. docs/build.md has what the blocking wait measured.
+waits to be noticed. docs/build.md has what the blocking wait measured. :func:`warm_window_sets` takes Horovod's
+one-off set-up of each of the first window's process sets before the first average.
 """
 import time
 
