@@ -357,6 +357,24 @@ def test_adaptive_policy_checked_against_the_best_fixed_choice_in_hindsight():
     assert [met for t, met, _ in report.targets(rows) if t.startswith("recover: dssync-adaptive")] == [False]
 
 
+def test_the_calls_name_each_dssync_contender_against_the_best_averager_and_bsp():
+    runs = [_row("static", "horovod-bsp", None)] + \
+        [_row("static", "postlocal-hierarchical-p16", t) for t in (3.0, 3.1, 2.9)] + \
+        [_row("static", "postlocal-hierarchical-p8", t) for t in (3.6, 3.4, 3.5)] + \
+        [_row("static", "dssync-default", t) for t in (2.0, 1.8, 2.2)]
+    # One run each: the figures alone, "never" without a unit.
+    assert report.calls(runs[:2] + runs[-1:]) == [
+        "- static: dssync-default against postlocal-hierarchical-p16: 2.2 s vs 3.0 s (one run: --repeat 2 or more "
+        "for a call)",
+        "- static: dssync-default against horovod-bsp: 2.2 s vs never (one run: --repeat 2 or more for a call)"]
+    rows = report.combine(runs[1:])  # the best averager by its median (p = 16), its interval apart: sooner
+    [said] = report.calls(rows)
+    assert said.startswith("- static: dssync-default is SOONER against postlocal-hierarchical-p16 (2.0 s [") \
+        and said.endswith("] vs 3.0 s [2.9, 3.1])"), said
+    rows = report.combine(runs[1:] + [_row("static", "dssync-default", 3.05)] * 3)
+    assert "is EVEN against postlocal-hierarchical-p16" in report.calls(rows)[0]
+
+
 def test_repeated_runs_judged_on_medians():
     # Three runs each, interleaved as the bench runs them: one lucky run must not decide a target.
     runs = [_row("recover", "dssync-local", t) for t in (2.3, 5.1, 3.0)] + \

@@ -268,6 +268,12 @@ def _fmt(value, spec, none="-"):
     return none if value is None else format(value, spec)
 
 
+def _seconds_to_target(row):
+    """Time to the target as a sentence reads it: "2.7 s [2.5, 3.0]", or "never"."""
+    seconds = row["time_to_target_s"]
+    return ("never" if seconds is None else f"{seconds:.1f} s") + _interval_cell(row, "time_to_target_s")
+
+
 def _interval_cell(row, key):
     interval = row.get(key[:-2] + "_interval")
     if not interval:
@@ -442,9 +448,7 @@ def calls(rows):
         for row in (r for r in here if _is_dssync(r["contender"])):
             for other in (o for o in others if o is not None):
                 verdict = call(row, other)
-                figures = (f"{_fmt(row['time_to_target_s'], '.1f', 'never')} s{_interval_cell(row, 'time_to_target_s')}"
-                           f" vs {_fmt(other['time_to_target_s'], '.1f', 'never')} s"
-                           f"{_interval_cell(other, 'time_to_target_s')}")
+                figures = f"{_seconds_to_target(row)} vs {_seconds_to_target(other)}"
                 if verdict is None:  # one run each: no interval, no call
                     out.append(f"- {scenario}: {row['contender']} against {other['contender']}: {figures} "
                                "(one run: --repeat 2 or more for a call)")
