@@ -74,6 +74,26 @@ def test_the_swaps_trial_of_overlap_reaches_the_record_and_the_report():
         np.mean(record["step_times"][trial:]))
     text = report.render_markdown({"rows": report.combine([row, dict(row)]), "config": config, "repeat": 2})
     assert f"static, dssync-default): decided after {trial} steps; the mean step after it " in text, text
+    # The host's cores, read at rank 0's marks: four ranks training on them kept them partly busy at least.
+    assert 0.05 < record["cores_busy"] <= 1.0, record["cores_busy"]
+    assert f"- this host's cores busy while training (static): dssync-default {100 * row['cores_busy']:.0f}%" in text
+
+
+def test_the_hosts_cores_busy_between_two_marks_from_proc_stat(tmp_path):
+    """/proc/stat's first line read as busy and total ticks: idle and I/O waits are not busy, guest time (in
+    user's already) is not counted twice; unreadable or foreign, nothing; a share only between two readings."""
+    from hvd_dssync.bench.marks import cores_busy, cpu_times
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 40 800 20 3 2 10 7 0\ncpu0 50 2 20 400 10 1 1 5 3 0\n")
+    assert cpu_times(str(stat)) == (160, 980)
+    stat.write_text("cpu  700 5 140 900 20 3 2 10 7 0\n")
+    assert cores_busy({"start": (160, 980), "end": cpu_times(str(stat))}) == pytest.approx(700 / 800)
+    assert cpu_times(str(tmp_path / "none")) is None
+    stat.write_text("intr 1 2 3\n")
+    assert cpu_times(str(stat)) is None
+    assert cores_busy({"start": (160, 980), "end": None}) is None and cores_busy({}) is None
+    assert cpu_times() is None or 0 <= cpu_times()[0] <= cpu_times()[1]
 
 
 @pytest.mark.multirank

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from .marks import MarkWatch, link_bytes
+from .marks import MarkWatch, cores_busy, link_bytes
 from .metric import attach_curves
 from .catalog import CONTENDERS, HOROVOD_BSP
 
@@ -129,7 +129,6 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
     rendezvous = None
     procs, logs = [], []
     watch_marks = MarkWatch(bed, rate_changes, log)
-    marks = watch_marks.marks
     original_rate = bed.inter_mbit
     try:
         if contender in HOROVOD_CONTENDERS:
@@ -169,7 +168,7 @@ def run_contender(bed, contender, config, timeout, rate_changes=(), log=print):
                 failed = f"rank {rank} exited {code}"
                 break
         watcher.join(timeout=5)
-        return job_record(failed, contender, lambda: _tails(logs), out_path, config, marks, rate_changes,
+        return job_record(failed, contender, lambda: _tails(logs), out_path, config, watch_marks, rate_changes,
                           _read(logs[0]).splitlines())
     finally:
         watch_marks.stop()
@@ -199,10 +198,11 @@ def _read(path):
         return ""
 
 
-def job_record(failed, what, tail, out_path, config, marks, rate_changes, lines):
+def job_record(failed, what, tail, out_path, config, watch, rate_changes, lines):
     """The record rank 0 wrote at ``out_path``, with what the bench adds to it: the accuracy curves
-    (:func:`hvd_dssync.bench.metric.attach_curves`), the bytes over the links between rank 0's marks, the rate
-    changes that took place, and the first warnings of rank 0's output ``lines``. Raises
+    (:func:`hvd_dssync.bench.metric.attach_curves`), the bytes over the links and how busy this host's cores were
+    between rank 0's marks (``watch``: :class:`hvd_dssync.bench.marks.MarkWatch`), the rate changes that took
+    place, and the first warnings of rank 0's output ``lines``. Raises
     :class:`JobFailed` naming ``what`` with ``tail()`` where the job ``failed`` (a reason) or wrote no record."""
     if failed is None and not os.path.exists(out_path):
         failed = "rank 0 wrote no record"
@@ -211,9 +211,10 @@ def job_record(failed, what, tail, out_path, config, marks, rate_changes, lines)
     with open(out_path) as f:
         record = json.load(f)
     attach_curves(record, out_path, config)
-    record["links"] = link_bytes(marks)
+    record["links"] = link_bytes(watch.marks)
+    record["cores_busy"] = cores_busy(watch.cpu)
     record["rate_changes"] = [{"after_seconds": seconds, "mbit": mbit}
-                              for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in marks]
+                              for k, (seconds, mbit) in enumerate(rate_changes) if f"rate_change.{k}" in watch.marks]
     record["warnings"] = [line.strip() for line in lines if "Warning" in line][:5]
     return record
 

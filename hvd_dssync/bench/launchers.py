@@ -136,7 +136,6 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
     env.update(COMMON_ENV)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     watch_marks, lines = MarkWatch(bed, rate_changes, log), []
-    marks = watch_marks.marks
     original_rate = bed.inter_mbit
 
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -159,7 +158,7 @@ def run_launched_contender(bed, launcher, contender, config, timeout, rate_chang
             failed = f"timed out after {timeout:.0f}s"
         watcher.join(timeout=5)
         record = job_record(failed, f"{contender} ({launcher})", lambda: "".join(lines[-30:]), out_path, config,
-                            marks, rate_changes, lines)
+                            watch_marks, rate_changes, lines)
         record["launcher"] = launcher
         return record
     finally:

@@ -1,14 +1,15 @@
 """What a contender's rank 0 marks on its output while it trains, and the scenario's rate changes.
 
 Rank 0 prints ``MARK start`` when training starts and ``MARK end`` when it stops. Each mark is recorded with
-the time and the bytes over the bottleneck then; from the start mark on, the scenario's rate changes of the
+the time and the bytes over the bottleneck then, and the bench's host's CPU times (how busy its cores were
+in between: :func:`cores_busy`); from the start mark on, the scenario's rate changes of the
 inter-rack link run on timers (each recorded as ``rate_change.K``), and the end mark cancels those not yet due.
 Both ways of starting a contender (the bench's own ranks, the real launchers) read marks through this.
 """
 import threading
 import time
 
-__all__ = ["MarkWatch", "link_bytes"]
+__all__ = ["MarkWatch", "cores_busy", "cpu_times", "link_bytes"]
 
 
 class MarkWatch:
@@ -20,7 +21,7 @@ class MarkWatch:
         watch.note("start")           # on rank 0's "MARK start": timers for the rate changes start
         ...
         watch.stop()                  # in a finally: no rate change after the run
-        links = link_bytes(watch.marks)
+        links, busy = link_bytes(watch.marks), cores_busy(watch.cpu)
     """
 
     def __init__(self, bed, rate_changes, log):
@@ -28,9 +29,11 @@ class MarkWatch:
         self.rate_changes = list(rate_changes)
         self.log = log
         self.marks = {}
+        self.cpu = {}  # the host's CPU times at each mark (cpu_times)
         self._timers = []
 
     def note(self, what):
+        self.cpu[what] = cpu_times()
         self.marks[what] = (time.monotonic(), self.bed.bottleneck_bytes())
         if what == "start":
             for k, (seconds, mbit) in enumerate(self.rate_changes):
@@ -62,3 +65,37 @@ def link_bytes(marks):
     for (ta, a), (tb, b) in zip(phases, phases[1:]):
         out["phases"].append({"seconds": tb - ta, "bytes": {k: b[k] - a[k] for k in b}})
     return out
+
+
+def cpu_times(path="/proc/stat"):
+    """This host's CPU time over all its cores as ``(busy, total)`` in clock ticks (the first line of
+    ``/proc/stat``: idle and waiting on I/O are not busy; guest time is counted in user's), or ``None`` where
+    it cannot be read (not Linux)."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total
+
+
+def cores_busy(cpu, start="start", end="end"):
+    """The share of this host's CPU time that was busy between two marks (0 to 1; every core counted), or
+    ``None`` where either was not read. Every process on the host counts: where the ranks run here alone,
+    how much of the cores training left free to hide an average on.
+
+    Example::
+
+        >>> cores_busy({"start": (1000, 4000), "end": (1600, 4800)})
+        0.75
+        >>> cores_busy({"start": (1000, 4000)}) is None
+        True
+    """
+    first, last = cpu.get(start), cpu.get(end)
+    if first is None or last is None or last[1] <= first[1]:
+        return None
+    return (last[0] - first[0]) / (last[1] - first[1])

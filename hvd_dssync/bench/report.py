@@ -149,6 +149,8 @@ def summarize(record, scenario, config):
             record["contender"], steps, config["racks"], record["model_bytes"], config, sensed),
         "link_bound_s": None, "sync_to_link_bound": None,
     }
+    if record.get("cores_busy") is not None:
+        row["cores_busy"] = record["cores_busy"]  # this host's, while training (hvd_dssync.bench.marks)
     if sensed is not None:
         row["sensed"] = sensed
     if record.get("overlap") is not None:
@@ -183,7 +185,8 @@ def _median_of(values):
 _MEDIANS = ("median_step_s", "mean_step_s", "mean_step_after_trial_s", "trial_steps", "throughput_samples_s",
             "train_seconds", "time_to_target_s", "time_to_higher_target_s", "time_to_target_consensus_s",
             "time_to_higher_target_consensus_s", "final_accuracy", "rank0_accuracy", "sync_seconds",
-            "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate", "link_bound_s", "sync_to_link_bound")
+            "compute_s_per_step", "bottleneck_bytes", "bottleneck_bytes_estimate", "link_bound_s", "sync_to_link_bound",
+            "cores_busy")
 
 
 def combine(rows):
@@ -473,6 +476,11 @@ def render_markdown(payload):
     for t, m, f in targets(rows):
         lines.append(f"- {'MET' if m else 'NOT SHOWN' if m is None else 'MISSED'}: {t}: {f}")
     lines += [""] + calls(rows)
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        busy = [f"{r['contender']} {100 * r['cores_busy']:.0f}%" for r in rows
+                if r["scenario"] == scenario and r.get("cores_busy") is not None]
+        if busy:
+            lines.append(f"- this host's cores busy while training ({scenario}): " + ", ".join(busy))
     for r in rows:
         if r.get("sensed"):
             s = r["sensed"]
