@@ -86,7 +86,8 @@ def cpu_times(path="/proc/stat"):
 def cores_busy(cpu, start="start", end="end"):
     """The share of this host's CPU time that was busy between two marks (0 to 1; every core counted), or
     ``None`` where either was not read. Every process on the host counts: where the ranks run here alone,
-    how much of the cores training left free to hide an average on.
+    how much of the cores training left free to hide an average on. In a container, ``/proc/stat`` is the
+    machine's: its other tenants count, and a CPU quota smaller than its cores is not seen.
 
     Example::
 
