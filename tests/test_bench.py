@@ -74,8 +74,9 @@ def test_the_swaps_trial_of_overlap_reaches_the_record_and_the_report():
         np.mean(record["step_times"][trial:]))
     text = report.render_markdown({"rows": report.combine([row, dict(row)]), "config": config, "repeat": 2})
     assert f"static, dssync-default): decided after {trial} steps; the mean step after it " in text, text
-    # The host's cores, read at rank 0's marks: four ranks training on them kept them partly busy at least.
-    assert 0.05 < record["cores_busy"] <= 1.0, record["cores_busy"]
+    # The host's cores, read at rank 0's marks: four ranks training kept them busy (a share of the machine's, which
+    # in a container may have many more cores than the job).
+    assert 0 < record["cores_busy"] <= 1.0, record["cores_busy"]
     assert f"- this host's cores busy while training (static): dssync-default {100 * row['cores_busy']:.0f}%" in text
 
 
